@@ -1,0 +1,35 @@
+"""hami-trio: the node agent for HAMi GPU sharing on Kubernetes, built on trio.
+
+One process, one trio nursery: the host PID broker, the vGPU monitor, the pod watch and the
+Prometheus endpoint.  This namespace only re-exports the public API; the implementation
+lives in the subpackages (``broker``, ``allocation``, ``monitor``) and a test checks that
+everything listed in ``__all__`` exists.
+"""
+
+from __future__ import annotations
+
+from hami_trio._version import __version__
+from hami_trio.config import broker_switch_on, parse_bind_address, parse_go_duration
+from hami_trio.errors import (
+    BrokerError,
+    BrokerStartupError,
+    CacheFileError,
+    ConfigError,
+    HamiTrioError,
+    LockDirError,
+    PodSourceError,
+)
+
+__all__ = [
+    "BrokerError",
+    "BrokerStartupError",
+    "CacheFileError",
+    "ConfigError",
+    "HamiTrioError",
+    "LockDirError",
+    "PodSourceError",
+    "__version__",
+    "broker_switch_on",
+    "parse_bind_address",
+    "parse_go_duration",
+]

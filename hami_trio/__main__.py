@@ -1,0 +1,7 @@
+"""``python -m hami_trio`` runs the ``hami-trio`` command line."""
+
+import sys
+
+from hami_trio.cli import main
+
+sys.exit(main())

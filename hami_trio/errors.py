@@ -1,0 +1,79 @@
+"""The exceptions hami-trio raises, in one small flat hierarchy.
+
+Every class says who raises it and what the operator (or the calling code) should do.
+Low-level causes (``OSError`` and friends) are chained with ``raise ... from exc`` so the
+original errno survives in ``__cause__``.  Expected, tenant-driven failures (a malformed
+``.cache`` file, a bad request on the broker socket) are values or typed errors that the
+caller handles per item; they never take the agent down.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokerError",
+    "BrokerStartupError",
+    "CacheFileError",
+    "ConfigError",
+    "HamiTrioError",
+    "LockDirError",
+    "PodSourceError",
+]
+
+
+class HamiTrioError(Exception):
+    """Base class of every error hami-trio raises on purpose.
+
+    Catch this only at a process boundary (the CLI turns it into one line and a non-zero
+    exit); inside the agent, catch the specific subclass you can handle.
+    """
+
+
+class ConfigError(HamiTrioError, ValueError):
+    """A flag, environment variable or argument has a value we cannot use.
+
+    Raised at start-up by the configuration parsers.  The message names the flag or variable
+    and the offending value; the CLI exits 2.  Operator: fix the value and restart.
+    """
+
+
+class BrokerError(HamiTrioError):
+    """The host PID broker failed after it started (for example a fatal accept error).
+
+    Raised out of the broker's task; in the agent it cancels every other task and the process
+    exits non-zero so Kubernetes restarts it (SPEC B-20).  Operator: read the cause.
+    """
+
+
+class BrokerStartupError(BrokerError):
+    """The broker refused to start: its directory, lock file or socket path is unsafe or taken.
+
+    Raised before the broker reports ready.  The message names the path and the reason (a
+    symlink, wrong owner, a live socket of another broker, ...).  Operator: fix the path or stop
+    the other broker; nothing was created or removed that the broker does not own.
+    """
+
+
+class LockDirError(HamiTrioError):
+    """The shared lock parent (``/tmp/vgpulock``) could not be prepared safely.
+
+    Raised by the allocation integration; the device plugin must fail that allocation rather
+    than return an unsafe mount (SPEC A-1).  The message names the path and the reason.
+    """
+
+
+class CacheFileError(HamiTrioError):
+    """One HAMi-core ``.cache`` file cannot be loaded (too small, bad magic, unknown version,
+    not a regular file, ...).
+
+    Raised per file by the monitor's loader; the monitor skips that container, counts the
+    rejection by reason and logs it (rate-limited).  Tenants control these files, so this is
+    routine, never fatal.
+    """
+
+
+class PodSourceError(HamiTrioError):
+    """The Kubernetes pod source cannot be configured (no kubeconfig, no service account).
+
+    Raised at start-up.  Transient API errors after start-up are retried with backoff and do
+    not raise.  Operator: check ``NODE_NAME``, ``KUBECONFIG`` or the in-cluster service account.
+    """

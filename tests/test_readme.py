@@ -1,0 +1,24 @@
+"""The README opens with two commands; CI must run the second one verbatim."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    return re.findall(r"```sh\n(.*?)\n```", text, flags=re.S)[:2]
+
+
+def test_readme_starts_with_two_commands() -> None:
+    commands = readme_commands()
+    assert len(commands) == 2
+    assert all("\n" not in c and c.startswith("python3 -m venv .venv") for c in commands)
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert readme_commands()[1] in ci.splitlines()
