@@ -15,6 +15,7 @@ __all__ = [
     "CacheFileError",
     "ConfigError",
     "HamiTrioError",
+    "HttpServerError",
     "LockDirError",
     "PodSourceError",
 ]
@@ -76,4 +77,13 @@ class PodSourceError(HamiTrioError):
 
     Raised at start-up.  Transient API errors after start-up are retried with backoff and do
     not raise.  Operator: check ``NODE_NAME``, ``KUBECONFIG`` or the in-cluster service account.
+    """
+
+
+class HttpServerError(HamiTrioError):
+    """The metrics and health endpoint cannot listen on ``--metrics-bind-address``.
+
+    Raised at start-up, before the endpoint reports ready: the address is in use, not local,
+    needs privileges, or its host does not resolve.  Operator: pick a free address or stop the
+    other process; the agent exits 1.
     """
