@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import trio
 import trustme
+from hypothesis import given
 from prometheus_client import CollectorRegistry
 
 from hami_trio.errors import ConfigError, PodSourceError
@@ -40,6 +41,7 @@ from hami_trio.monitor.pods import (
 )
 from hami_trio.monitor.podsource import PodInfo, PodSource
 from tests.monitor.fake_kube import FakeKubeApi
+from tests.strategies import metrics as st_metrics
 
 FAST = WatchSettings(
     backoff_initial=0.02,
@@ -160,6 +162,15 @@ def test_parse_watch_events() -> None:
 def test_parse_watch_event_rejects_malformed(line: bytes) -> None:
     with pytest.raises(WatchDecodeError):
         parse_watch_event(line)
+
+
+@given(st_metrics.watch_lines())
+def test_any_watch_line_decodes_or_raises_its_error(line: bytes) -> None:
+    try:
+        event = parse_watch_event(line)
+    except WatchDecodeError:
+        return
+    assert (event.pod is not None) == (event.type in ("ADDED", "MODIFIED", "DELETED"))
 
 
 def test_parse_status() -> None:
