@@ -188,7 +188,7 @@ def test_directory_owned_by_another_uid_is_refused_and_untouched(tree: Tree) -> 
     assert snapshot(tree.lock) == before
 
 
-def test_directory_not_owned_by_the_trusted_uid_is_refused(tmp_path: Path) -> None:
+def test_parent_not_owned_by_the_trusted_uid_is_refused_without_root(tmp_path: Path) -> None:
     # Runs without root: trust a UID that is not ours, so our own directory is foreign.
     parent = tmp_path / "p"
     parent.mkdir(mode=0o755)
