@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+import hami_trio
 
 try:
     import helm_python as helm
@@ -487,7 +488,7 @@ def test_every_value_has_a_schema_entry_and_is_documented(chart: Any) -> None:
 
 
 def test_app_version_is_the_package_version(chart: Any) -> None:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert chart.metadata["appVersion"] == project["version"]
+    version = hami_trio.__version__
+    assert chart.metadata["appVersion"] == version
     image = agent(render(chart))["image"]
-    assert image == f"hami-trio:{project['version']}"
+    assert image == f"hami-trio:{version}"
