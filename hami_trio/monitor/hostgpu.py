@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import trio
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from hami_trio.logs import RateLimiter
@@ -42,6 +43,7 @@ __all__ = [
     "HostGpuSampler",
     "NvmlLibrary",
     "host_gpu_families",
+    "serve_nvml_release",
 ]
 
 _log = logging.getLogger(__name__)
@@ -246,6 +248,40 @@ class HostGpuSampler:
         with self._lock:
             if self._nvml is not None:
                 self._shutdown(self._nvml)
+
+
+async def serve_nvml_release(
+    sampler: HostGpuSampler,
+    mig_locked: Callable[[], bool],
+    *,
+    poll_interval: float = 0.5,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Release NVML within ``poll_interval`` of the MIG lock appearing; allow it again after.
+
+    Runs until cancelled, then closes the NVML session.  ``mig_locked`` is typically
+    ``lambda: monitor.paused``.  Blocking NVML calls run in a worker thread.
+
+    Args:
+        sampler: the host GPU sampler to pause and resume.
+        mig_locked: whether the MIG apply lock holds the monitor now.
+        poll_interval: seconds between two looks at ``mig_locked``.
+        task_status: trio's start protocol (started at once).
+    """
+    task_status.started()
+    try:
+        while True:
+            locked = mig_locked()
+            if locked and not sampler.paused:
+                await trio.to_thread.run_sync(sampler.pause)
+                _log.info("MIG apply lock held: NVML released, host GPU metrics paused")
+            elif not locked and sampler.paused:
+                await trio.to_thread.run_sync(sampler.resume)
+                _log.info("MIG apply lock gone: host GPU metrics resumed")
+            await trio.sleep(poll_interval)
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(sampler.close)
 
 
 def host_gpu_families(

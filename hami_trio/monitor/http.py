@@ -30,6 +30,7 @@ import gzip
 import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 from urllib.parse import parse_qs
@@ -43,7 +44,14 @@ from prometheus_client.exposition import choose_encoder, gzip_accepted
 from hami_trio.config import BindAddress
 from hami_trio.errors import HttpServerError
 
-__all__ = ["ASGIApp", "ReadinessCheck", "make_app", "open_listen_socket", "serve_http"]
+__all__ = [
+    "ASGIApp",
+    "ReadinessCheck",
+    "make_app",
+    "open_listen_socket",
+    "progress_check",
+    "serve_http",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -71,6 +79,42 @@ def _render(
         body = gzip.compress(body, compresslevel=1)  # fast: scrapes are frequent and local
         headers.append((b"content-encoding", b"gzip"))
     return body, headers
+
+
+def progress_check(
+    progress: Callable[[], int],
+    *,
+    max_stall: float,
+    idle: Callable[[], bool] = lambda: False,
+    clock: Callable[[], float] = time.monotonic,
+) -> ReadinessCheck:
+    """A readiness check that fails when a counter stops moving (e.g. the monitor's ticks).
+
+    The check passes while ``idle()`` is true (the monitor paused by the MIG lock), and
+    otherwise once ``progress()`` is above 0 and changed within the last ``max_stall``
+    seconds as seen by successive calls (a probe every few seconds is enough).
+
+    Args:
+        progress: a monotonically increasing counter.
+        max_stall: seconds without progress after which the check fails.
+        idle: when true, no progress is expected.
+        clock: monotonic clock (tests inject one).
+    """
+    last_value = progress()
+    last_change = clock()
+
+    def check() -> bool:
+        nonlocal last_value, last_change
+        now = clock()
+        value = progress()
+        if value != last_value:
+            last_value, last_change = value, now
+        if idle():
+            last_change = now  # a pause is not a stall; start counting again after it
+            return True
+        return value > 0 and now - last_change <= max_stall
+
+    return check
 
 
 def make_app(

@@ -4,14 +4,22 @@ pynvml binding on this GPU-less machine)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import partial
 
 import pynvml
 import pytest
+import trio
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from hami_trio.monitor.hostgpu import HostGpuSample, HostGpuSampler, host_gpu_families
+from hami_trio.monitor.hostgpu import (
+    HostGpuSample,
+    HostGpuSampler,
+    host_gpu_families,
+    serve_nvml_release,
+)
 from tests.monitor.fake_nvml import FakeGpu, FakeNvml
 
 A100 = FakeGpu(uuid="GPU-aaaaaaaa-0000-0000-0000-000000000000", memory_used=5 << 30)
@@ -169,3 +177,30 @@ def test_legacy_families() -> None:
     labels = {"nodeid": "n", "deviceidx": "2", "deviceuuid": "GPU-c", "devicetype": "NVIDIA-H100"}
     assert registry.get_sample_value("HostGPUMemoryUsage", labels) == 9
     assert registry.get_sample_value("HostCoreUtilization", labels) == 8
+
+
+async def _until(predicate: Callable[[], bool]) -> None:
+    # The follower works in a worker thread, which MockClock cannot see: poll in real time.
+    with trio.fail_after(5):
+        while not predicate():  # noqa: ASYNC110 - state changes in a worker thread
+            await trio.sleep(0.005)
+
+
+async def test_nvml_released_while_mig_locked() -> None:
+    nvml = FakeNvml(gpus=[A100])
+    sampler = HostGpuSampler(nvml)
+    locked = [False]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(
+            partial(serve_nvml_release, sampler, lambda: locked[0], poll_interval=0.01)
+        )
+        assert await trio.to_thread.run_sync(sampler.sample) is not None
+        locked[0] = True
+        await _until(lambda: sampler.paused and not nvml.initialized)
+        assert await trio.to_thread.run_sync(sampler.sample) is None
+        locked[0] = False
+        await _until(lambda: not sampler.paused)
+        assert await trio.to_thread.run_sync(sampler.sample) is not None
+        nursery.cancel_scope.cancel()
+    assert not nvml.initialized  # closed on the way out
+    assert nvml.shutdown_calls == 2

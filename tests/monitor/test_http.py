@@ -24,7 +24,12 @@ from prometheus_client.registry import Collector
 
 from hami_trio.config import BindAddress, parse_bind_address
 from hami_trio.errors import HttpServerError
-from hami_trio.monitor.http import ReadinessCheck, open_listen_socket, serve_http
+from hami_trio.monitor.http import (
+    ReadinessCheck,
+    open_listen_socket,
+    progress_check,
+    serve_http,
+)
 
 
 @dataclass
@@ -241,3 +246,30 @@ async def test_cancel_closes_the_listener(registry: CollectorRegistry) -> None:
     assert _open_fds() == before
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_progress_check() -> None:
+    now = [0.0]
+    ticks = [0]
+    paused = [False]
+    check = progress_check(
+        lambda: ticks[0], max_stall=15, idle=lambda: paused[0], clock=lambda: now[0]
+    )
+    assert not check()  # no tick yet
+    ticks[0] = 1
+    now[0] = 5
+    assert check()
+    now[0] = 20  # 15 s after the last observed change
+    assert check()
+    now[0] = 20.5
+    assert not check()  # stalled
+    paused[0] = True
+    now[0] = 100
+    assert check()  # paused by the MIG lock: not a stall
+    paused[0] = False
+    now[0] = 110
+    assert check()  # counting restarts after the pause
+    now[0] = 116
+    assert not check()
+    ticks[0] = 2
+    assert check()
