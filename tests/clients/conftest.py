@@ -1,0 +1,28 @@
+"""Fixtures for the broker client tests: the C client built once per session, sandboxes."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.clients.harness import Sandbox, build_c_client, make_sandbox, world_readable_tempdir
+
+
+@pytest.fixture(scope="session")
+def c_client() -> Iterator[Path]:
+    """``hostpid-client`` built with the project's Makefile (-Werror) in a world-readable dir."""
+    dest = world_readable_tempdir("hami-trio-cclient-")
+    try:
+        yield build_c_client(dest)
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)
+
+
+@pytest.fixture
+def sandbox() -> Iterator[Sandbox]:
+    """A fresh container-like sandbox tree (see tests/clients/harness.py)."""
+    with make_sandbox() as box:
+        yield box
