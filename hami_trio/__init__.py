@@ -9,6 +9,13 @@ everything listed in ``__all__`` exists.
 from __future__ import annotations
 
 from hami_trio._version import __version__
+from hami_trio.allocation import (
+    ContainerAllocateResponse,
+    Mount,
+    allocate,
+    configure_host_pid_broker,
+    prepare_lock_parent,
+)
 from hami_trio.config import broker_switch_on, parse_bind_address, parse_go_duration
 from hami_trio.errors import (
     BrokerError,
@@ -25,11 +32,16 @@ __all__ = [
     "BrokerStartupError",
     "CacheFileError",
     "ConfigError",
+    "ContainerAllocateResponse",
     "HamiTrioError",
     "LockDirError",
+    "Mount",
     "PodSourceError",
     "__version__",
+    "allocate",
     "broker_switch_on",
+    "configure_host_pid_broker",
     "parse_bind_address",
     "parse_go_duration",
+    "prepare_lock_parent",
 ]

@@ -1,1 +1,47 @@
-"""allocation subpackage."""
+"""The allocation integration a device plugin calls from ``Allocate`` (SPEC A-1..A-6).
+
+- :mod:`~hami_trio.allocation.lockdir` prepares the host's ``/tmp/vgpulock`` (descriptor-based,
+  refuses symlinks, foreign owners and swaps);
+- :mod:`~hami_trio.allocation.response` models the kubelet's ContainerAllocateResponse and
+  merges the canonical mounts and the broker env switch into it (pure);
+- :func:`allocate` does both, in that order;
+- :mod:`~hami_trio.allocation.cli` exposes them as ``hami-trio prepare-lock-dir`` and
+  ``hami-trio allocate`` for device plugins that are not written in Python.
+
+This namespace only re-exports.
+"""
+
+from __future__ import annotations
+
+from hami_trio.allocation.integration import allocate
+from hami_trio.allocation.lockdir import LOCK_PARENT_MODE, prepare_lock_parent
+from hami_trio.allocation.paths import (
+    BROKER_CONTAINER_DIR,
+    BROKER_HOST_DIR,
+    LOCK_PARENT,
+    container_target,
+    go_clean,
+)
+from hami_trio.allocation.response import (
+    RESERVED_ENV_KEYS,
+    ContainerAllocateResponse,
+    DeviceSpec,
+    Mount,
+    configure_host_pid_broker,
+)
+
+__all__ = [
+    "BROKER_CONTAINER_DIR",
+    "BROKER_HOST_DIR",
+    "LOCK_PARENT",
+    "LOCK_PARENT_MODE",
+    "RESERVED_ENV_KEYS",
+    "ContainerAllocateResponse",
+    "DeviceSpec",
+    "Mount",
+    "allocate",
+    "configure_host_pid_broker",
+    "container_target",
+    "go_clean",
+    "prepare_lock_parent",
+]
