@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -26,9 +25,8 @@ from hami_trio.broker.protocol import (
     parse_request,
     parse_response,
 )
+from tests.broker.vectors import DOC_VECTORS, expected_answer
 from tests.strategies import protocol as st_protocol
-
-DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 
 
 def test_the_valid_request_and_invalid_answer_bytes() -> None:
@@ -180,49 +178,12 @@ def test_parse_response_wants_exactly_12_bytes(data: bytes) -> None:
 # -- the examples in docs/protocol.md ---------------------------------------------------------
 
 
-def doc_vectors() -> list[tuple[str, bytes, int, bytes | None]]:
-    """Rows of the Examples table: (case, request, pid, response or None).
-
-    Every table row must parse: a row this function cannot read fails the test run instead
-    of being skipped silently.
-    """
-    text = DOC.read_text()
-    section = text.split("## Examples", 1)[1].split("\n## ", 1)[0]
-    rows = []
-    for line in section.splitlines():
-        if not line.startswith("|") or line.startswith(("| case", "| ---")):
-            continue
-        cells = [cell.strip().strip("`") for cell in line.strip().strip("|").split("|")]
-        case, request, pid, response = cells
-        rows.append(
-            (
-                case,
-                bytes.fromhex(request),
-                int(pid),
-                None if response == "-" else bytes.fromhex(response),
-            )
-        )
-    return rows
-
-
-DOC_VECTORS = doc_vectors()
-
-
 def test_doc_has_the_examples() -> None:
     cases = {case for case, *_ in DOC_VECTORS}
     assert len(DOC_VECTORS) >= 10
     assert {"valid request", "wrong magic", "version 2", "command 2"} <= cases
     assert any(response is None for *_, response in DOC_VECTORS)
     assert any(request == b"" for _, request, *_ in DOC_VECTORS)
-
-
-def expected_answer(request: bytes, pid: int) -> bytes | None:
-    """What the codec says the server answers to ``request`` from a caller with ``pid``."""
-    try:
-        parse_request(request)
-    except ProtocolError as exc:
-        return None if exc.status is None else Response(exc.status).encode()
-    return encode_response(pid)
 
 
 @pytest.mark.parametrize(("case", "request_", "pid", "response"), DOC_VECTORS)
