@@ -204,7 +204,7 @@ def environment() -> dict[str, str]:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "gcc": gcc.splitlines()[0] if gcc else "unknown",
-        "loadavg": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
+        "loadavg at start": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
         "git": revision,
         **versions,
     }
@@ -319,6 +319,7 @@ def main() -> int:
                         f"p99={run['p99_us']:7.0f}us fail={int(run['fail'])}",
                         flush=True,
                     )
+        env["loadavg at end"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
         report(shapes, results, env)
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
