@@ -322,11 +322,14 @@ class _Server:
             (``None`` when the backlog ran empty or the batch was full).
         """
         accept_fd = self.accept_fd
-        now = trio.current_time
-        counts = self.stats.counts
+        # The clock's own method: trio.current_time() adds a lookup of the run context.
+        now = trio.lowlevel.current_clock().current_time
         buckets = self.stats.bucket_counts
         unpack_ucred = _UCRED.unpack
         encode = encode_response
+        valid = VALID_REQUEST
+        bounds = DURATION_BUCKETS
+        recv_size, recv_flags, send_flags = _RECV_SIZE, _RECV_FLAGS, _SEND_FLAGS
         waiting: list[tuple[_Conn, _Received, float]] = []
         accepted = ok = 0
         ok_time = 0.0
@@ -345,40 +348,40 @@ class _Server:
             conn = _Conn(_AF_UNIX, _SOCK_STREAM, 0, fd)
             result: Outcome | _Received
             try:
-                chunk = conn.recv(_RECV_SIZE, _RECV_FLAGS)
+                chunk = conn.recv(recv_size, recv_flags)
             except BlockingIOError:
                 result = b""
             except OSError:
                 result = "peer_error"
             else:
-                if chunk.startswith(VALID_REQUEST):
+                if chunk.startswith(valid):
                     try:
                         cred = conn.getsockopt(_SOL_SOCKET, _SO_PEERCRED, _UCRED_SIZE)
                         pid = unpack_ucred(cred)[0]
-                        if pid > 0 and conn.send(encode(pid), _SEND_FLAGS) == RESPONSE_SIZE:
-                            result = "ok"
-                        else:
-                            result = "peer_error"
+                        if pid > 0 and conn.send(encode(pid), send_flags) == RESPONSE_SIZE:
+                            conn.close()
+                            end = now()
+                            ok += 1
+                            ok_time += end - start
+                            buckets[bisect_left(bounds, end - start)] += 1
+                            start = end
+                            continue
+                        result = "peer_error"
                     except OSError:
                         result = "peer_error"
                 else:
                     result = self.process(conn, b"", chunk)
-            if result == "ok":
-                conn.close()
-                end = now()
-                ok += 1
-                ok_time += end - start
-                buckets[bisect_left(DURATION_BUCKETS, end - start)] += 1
-                start = end
-            elif isinstance(result, str):
+            if isinstance(result, str):
                 conn.close()
                 end = now()
                 self.stats.record(result, end - start)
-                self.note_drop(result)
+                if result != "ok":
+                    self.note_drop(result)
                 start = end
             else:
                 waiting.append((conn, result, start))
                 start = now()
+        counts = self.stats.counts
         counts["ok"] += ok
         self.stats.duration_sum += ok_time
         # Second chance after the batch: the writers have had the rest of the batch's time.
@@ -470,7 +473,9 @@ async def serve_broker(
     """Run the host PID broker until stopped or cancelled.
 
     Start it with ``handle = await nursery.start(serve_broker, config)``: the handle is
-    reported only once the socket listens.
+    reported only once the socket listens.  Process-wide side effect: the soft
+    ``RLIMIT_NOFILE`` is raised to ``max_exchanges + FD_RESERVE`` when it is lower and the
+    hard limit allows (a warning is logged when it does not).
 
     Args:
         config: where to listen and the connection-pressure settings.
@@ -481,6 +486,8 @@ async def serve_broker(
     Raises:
         BrokerStartupError: the directory, lock or socket path was refused (before ready).
         BrokerError: the broker failed after it started (a fatal accept error).
+        ValueError: ``registry`` already holds metrics of these names (another running
+            broker registered in it); raised before ready, nothing is left behind.
     """
     _ensure_fd_budget(config.max_exchanges)
     bound = open_broker_socket(

@@ -443,7 +443,6 @@ async def test_other_accept_error_ends_the_broker(
         pass
 
 
-@pytest.mark.root
 @pytest.mark.slow
 async def test_descriptor_exhaustion_backs_off_and_recovers(socket_path: Path) -> None:
     # A real EMFILE: the broker process gets 40 descriptors; 60 idle connections exhaust
@@ -654,3 +653,18 @@ async def test_dropped_exchanges_are_logged_rate_limited(
     assert lines[1] == (
         "broker exchange dropped: rejected_full (51 so far) (49 similar events suppressed)"
     )
+
+
+async def test_second_broker_in_the_same_registry_is_refused_cleanly(
+    base_dir: Path, socket_path: Path
+) -> None:
+    registry = CollectorRegistry()
+    other = base_dir / "other" / "broker.sock"
+    async with running_broker(config(socket_path), registry):
+        async with trio.open_nursery() as nursery:
+            with pytest.raises(ValueError, match="Duplicated timeseries"):
+                await nursery.start(partial(serve_broker, config(other), registry=registry))
+        assert not present(other)
+        assert await exchange(socket_path) == encode_response(os.getpid())
+    async with running_broker(config(other), registry):  # its lock was released
+        pass
