@@ -16,6 +16,7 @@ from hami_trio.allocation import (
     configure_host_pid_broker,
     prepare_lock_parent,
 )
+from hami_trio.broker import BrokerConfig, BrokerHandle, serve_broker
 from hami_trio.config import broker_switch_on, parse_bind_address, parse_go_duration
 from hami_trio.errors import (
     BrokerError,
@@ -28,7 +29,9 @@ from hami_trio.errors import (
 )
 
 __all__ = [
+    "BrokerConfig",
     "BrokerError",
+    "BrokerHandle",
     "BrokerStartupError",
     "CacheFileError",
     "ConfigError",
@@ -44,4 +47,5 @@ __all__ = [
     "parse_bind_address",
     "parse_go_duration",
     "prepare_lock_parent",
+    "serve_broker",
 ]

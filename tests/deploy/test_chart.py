@@ -1,0 +1,494 @@
+"""The Helm chart, rendered by real Helm and checked as Kubernetes would receive it.
+
+helm-python-sdk binds Helm's Go SDK (``libhelm_c``) with ctypes, so ``Chart.render`` is the
+engine ``helm template`` runs (values coalesced with the defaults, ``values.schema.json``
+enforced, ``fail`` honoured) and ``helm_python.lint`` is ``helm lint``; no helm binary and no
+cluster are involved.  Every rendered manifest is validated with kubernetes-validate in strict
+mode (unknown fields are errors) against the oldest Kubernetes the chart declares and the
+newest schema the package ships.  The ServiceMonitor is a CRD with no schema there, so its
+shape is checked by hand.
+
+These tests need the ``chart`` extra.  Without it they skip locally with the reason, and fail
+in CI (``CI`` set), where a silently skipped chart test would be a gap.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hami_trio
+
+try:
+    import helm_python as helm
+    import kubernetes_validate
+    import yaml
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    if os.environ.get("CI"):
+        raise ImportError(
+            f"the chart tests need the 'chart' extra and CI must install it: {exc}"
+        ) from exc
+    pytest.skip(
+        f"chart tests need the 'chart' extra (pip install -e '.[test,chart]'): {exc}",
+        allow_module_level=True,
+    )
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "hami-trio"
+NAMESPACE = "hami-system"
+RELEASE = "hami-trio"
+
+BROKER_DIR = "/var/run/hami/hostpid"
+BROKER_ON = {"devicePlugin": {"hostPIDBroker": {"enabled": True}}}
+BROKER_ON_HOSTPID_OFF = {"devicePlugin": {"hostPID": False, "hostPIDBroker": {"enabled": True}}}
+HOSTPID_REFUSAL = "devicePlugin.hostPIDBroker.enabled=true requires devicePlugin.hostPID=true"
+
+# The flags of `hami-trio run` as issue 7 names them (the daemon implements them); the chart
+# must pass nothing else.  Integration replaces this list by the real parser's.
+ISSUE_7_RUN_FLAGS = frozenset(
+    {
+        "--metrics-bind-address",
+        "--legacy-metrics",
+        "--broker-socket-path",
+        "--broker-max-exchanges",
+        "--broker-exchange-deadline",
+        "--interval",
+        "--mig-lock-path",
+        "--no-kubernetes",
+        "--log-format",
+        "--log-level",
+        "--print-config",
+    }
+)
+AGENT_ENV = frozenset(
+    {
+        "NODE_NAME",
+        "HOOK_PATH",
+        "HAMI_RESYNC_INTERVAL",
+        "LIBVGPU_HOSTPID_BROKER",
+        "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+    }
+)
+
+# Scenarios the issue names, plus everything at once; each must render to valid manifests.
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "broker-off-default": {},
+    "broker-on": BROKER_ON,
+    "legacy-metrics": {"metrics": {"legacy": True}},
+    "service-monitor": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+    "hostpid-off-broker-off": {"devicePlugin": {"hostPID": False}},
+    "everything": {
+        **BROKER_ON,
+        "metrics": {"legacy": True, "port": 9500},
+        "serviceMonitor": {"enabled": True},
+        "log": {"format": "json", "level": "debug"},
+        "image": {"digest": "sha256:" + "a" * 64, "pullSecrets": ["regcred"]},
+        "runtimeClassName": "nvidia",
+        "podAnnotations": {"example.com/a": "b"},
+        "extraArgs": ["--broker-max-exchanges=256"],
+        "extraEnv": [{"name": "TZ", "value": "UTC"}],
+    },
+}
+
+
+def _min_kube_version() -> str:
+    chart_yaml = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    match = re.fullmatch(r">=\s*(\d+\.\d+)\.\d+(-0)?", chart_yaml["kubeVersion"])
+    assert match, f"unexpected kubeVersion {chart_yaml['kubeVersion']!r}"
+    return match.group(1)
+
+
+KUBE_VERSIONS = (_min_kube_version(), kubernetes_validate.utils.latest_version())
+
+
+@pytest.fixture(scope="module")
+def chart() -> Iterator[Any]:
+    with helm.Chart.load(CHART) as loaded:
+        yield loaded
+
+
+def render(chart: Any, values: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Render like ``helm template`` and return the manifests grouped by kind."""
+    rendered = chart.render(values=values or {}, name=RELEASE, namespace=NAMESPACE)
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for path, text in rendered.items():
+        if not path.endswith(".yaml"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                by_kind.setdefault(doc["kind"], []).append(doc)
+    return by_kind
+
+
+def notes(chart: Any, values: dict[str, Any] | None = None) -> str:
+    rendered = chart.render(values=values or {}, name=RELEASE, namespace=NAMESPACE)
+    return str(rendered[f"{CHART.name}/templates/NOTES.txt"])
+
+
+def only(by_kind: dict[str, list[dict[str, Any]]], kind: str) -> dict[str, Any]:
+    docs = by_kind.get(kind, [])
+    assert len(docs) == 1, f"expected one {kind}, got {len(docs)}"
+    return docs[0]
+
+
+def agent(by_kind: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    containers = only(by_kind, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["agent"]
+    return dict(containers[0])
+
+
+def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    names = [e["name"] for e in container["env"]]
+    assert len(names) == len(set(names)), f"duplicate env names: {names}"
+    return {e["name"]: e for e in container["env"]}
+
+
+def broker_bits(by_kind: dict[str, list[dict[str, Any]]]) -> dict[str, bool]:
+    """Each trace the broker switch leaves in the rendering."""
+    pod = only(by_kind, "DaemonSet")["spec"]["template"]["spec"]
+    container = agent(by_kind)
+    return {
+        "env": "LIBVGPU_HOSTPID_BROKER" in env_of(container),
+        "mount": any(m["mountPath"] == BROKER_DIR for m in container["volumeMounts"]),
+        "volume": any(v.get("hostPath", {}).get("path") == BROKER_DIR for v in pod["volumes"]),
+        "flag": any(a.startswith("--broker-socket-path") for a in container["args"]),
+    }
+
+
+# --- every scenario renders to manifests Kubernetes accepts ---------------------------------
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_manifest_is_valid_kubernetes(chart: Any, scenario: str) -> None:
+    by_kind = render(chart, SCENARIOS[scenario])
+    expected = {"DaemonSet", "Service", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    if SCENARIOS[scenario].get("serviceMonitor", {}).get("enabled"):
+        expected.add("ServiceMonitor")
+    assert set(by_kind) == expected
+    for kind, docs in by_kind.items():
+        if kind == "ServiceMonitor":
+            continue  # a CRD: no schema in kubernetes-validate; see test_service_monitor_shape
+        for doc in docs:
+            for version in KUBE_VERSIONS:
+                kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_strict_validation_is_not_vacuous() -> None:
+    bad = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"}, "spec": {"prts": []}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, KUBE_VERSIONS[-1], strict=True)
+
+
+# --- the broker switch (SPEC H-1, H-2) ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{}, {"metrics": {"legacy": True}}, {"devicePlugin": {"hostPID": False}}],
+    ids=["default", "legacy", "hostpid-off"],
+)
+def test_broker_off_leaves_no_trace(chart: Any, values: dict[str, Any]) -> None:
+    by_kind = render(chart, values)
+    assert broker_bits(by_kind) == dict.fromkeys(("env", "mount", "volume", "flag"), False)
+    annotations = only(by_kind, "DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["hami-trio.io/host-pid-broker"] == "disabled"
+
+
+@pytest.mark.parametrize(
+    "values",
+    [BROKER_ON, {**BROKER_ON, "metrics": {"legacy": True}, "serviceMonitor": {"enabled": True}}],
+    ids=["broker-on", "broker-on-everything"],
+)
+def test_broker_on_sets_switch_mount_and_socket_path(chart: Any, values: dict[str, Any]) -> None:
+    by_kind = render(chart, values)
+    assert broker_bits(by_kind) == dict.fromkeys(("env", "mount", "volume", "flag"), True)
+    pod = only(by_kind, "DaemonSet")["spec"]["template"]["spec"]
+    container = agent(by_kind)
+    # Exactly "1": the only value that turns the broker on (SPEC B-10).
+    assert env_of(container)["LIBVGPU_HOSTPID_BROKER"] == {
+        "name": "LIBVGPU_HOSTPID_BROKER",
+        "value": "1",
+    }
+    assert f"--broker-socket-path={BROKER_DIR}/broker.sock" in container["args"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == BROKER_DIR]
+    assert not mount.get("readOnly", False)  # the agent creates the socket and lock there
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["hostPath"] == {"path": BROKER_DIR, "type": "DirectoryOrCreate"}
+    assert pod["hostPID"] is True
+    annotations = only(by_kind, "DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["hami-trio.io/host-pid-broker"] == "enabled"
+
+
+def test_broker_on_with_host_pid_off_fails_with_a_clear_message(chart: Any) -> None:
+    with pytest.raises(helm.HelmRenderError, match=re.escape(HOSTPID_REFUSAL)):
+        chart.render(values=BROKER_ON_HOSTPID_OFF, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_host_pid_off_alone_is_allowed(chart: Any) -> None:
+    pod = only(render(chart, {"devicePlugin": {"hostPID": False}}), "DaemonSet")
+    assert pod["spec"]["template"]["spec"]["hostPID"] is False
+
+
+# --- the DaemonSet ------------------------------------------------------------------------
+
+
+def test_daemonset_runs_as_root_with_only_the_capabilities_it_needs(chart: Any) -> None:
+    by_kind = render(chart)
+    pod = only(by_kind, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    assert pod["securityContext"]["runAsUser"] == 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = agent(by_kind)["securityContext"]
+    assert security["privileged"] is False
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert sorted(security["capabilities"]["add"]) == ["DAC_OVERRIDE", "FOWNER"]
+
+
+def test_daemonset_scheduling_and_rollout(chart: Any) -> None:
+    ds = only(render(chart), "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["nodeSelector"] == {"gpu": "on"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0},
+    }
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_agent_command_flags_and_environment(chart: Any) -> None:
+    container = agent(render(chart))
+    assert container["command"] == ["hami-trio", "run"]
+    assert container["args"] == [
+        "--metrics-bind-address=:9394",
+        "--log-format=text",
+        "--log-level=info",
+        "--mig-lock-path=/tmp/hami/hami-mig-apply.lock",
+    ]
+    env = env_of(container)
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["HOOK_PATH"]["value"] == "/usr/local/vgpu"
+    assert env["HAMI_RESYNC_INTERVAL"]["value"] == "5m"
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_only_flags_and_env_the_agent_knows(chart: Any, scenario: str) -> None:
+    container = agent(render(chart, SCENARIOS[scenario]))
+    for arg in container["args"]:
+        assert arg.split("=", 1)[0] in ISSUE_7_RUN_FLAGS, arg
+    extra = {e["name"] for e in SCENARIOS[scenario].get("extraEnv", [])}
+    assert set(env_of(container)) - extra <= AGENT_ENV
+
+
+def test_host_paths_follow_the_values(chart: Any) -> None:
+    values = {"hookPath": "/opt/hami/vgpu", "resyncInterval": "90s"}
+    by_kind = render(chart, values)
+    pod = only(by_kind, "DaemonSet")["spec"]["template"]["spec"]
+    container = agent(by_kind)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: volumes[m["name"]]["hostPath"] for m in container["volumeMounts"]}
+    assert mounts == {
+        "/opt/hami/vgpu/containers": {
+            "path": "/opt/hami/vgpu/containers",
+            "type": "DirectoryOrCreate",
+        },
+        "/tmp": {"path": "/tmp", "type": "Directory"},
+    }
+    env = env_of(container)
+    assert env["HOOK_PATH"]["value"] == "/opt/hami/vgpu"
+    assert env["HAMI_RESYNC_INTERVAL"]["value"] == "90s"
+
+
+def test_probes_and_ports_follow_the_metrics_port(chart: Any) -> None:
+    by_kind = render(chart, {"metrics": {"port": 9500}})
+    container = agent(by_kind)
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9500, "protocol": "TCP"}]
+    assert "--metrics-bind-address=:9500" in container["args"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    service = only(by_kind, "Service")
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9500, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    pod_labels = only(by_kind, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_legacy_metrics_flag_exactly_when_on(chart: Any, legacy: bool) -> None:
+    container = agent(render(chart, {"metrics": {"legacy": legacy}}))
+    assert ("--legacy-metrics" in container["args"]) is legacy
+
+
+def test_log_values_become_flags(chart: Any) -> None:
+    container = agent(render(chart, {"log": {"format": "json", "level": "debug"}}))
+    assert {"--log-format=json", "--log-level=debug"} <= set(container["args"])
+
+
+# --- RBAC and the ServiceMonitor ----------------------------------------------------------
+
+
+def test_rbac_is_get_list_watch_pods_only(chart: Any) -> None:
+    by_kind = render(chart)
+    role = only(by_kind, "ClusterRole")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+    binding = only(by_kind, "ClusterRoleBinding")
+    account = only(by_kind, "ServiceAccount")
+    pod = only(by_kind, "DaemonSet")["spec"]["template"]["spec"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+
+
+def test_service_monitor_is_off_by_default(chart: Any) -> None:
+    assert "ServiceMonitor" not in render(chart)
+
+
+def test_service_monitor_shape(chart: Any) -> None:
+    by_kind = render(chart, {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}})
+    monitor = only(by_kind, "ServiceMonitor")
+    service = only(by_kind, "Service")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["namespace"] == NAMESPACE
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    assert endpoint["interval"] == "15s"
+    assert endpoint["scrapeTimeout"] == "10s"
+    # Tenant namespace/pod/container labels must survive the scrape unrenamed.
+    assert endpoint["honorLabels"] is True
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in endpoint[
+        "relabelings"
+    ]
+
+
+# --- values checking ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "where"),
+    [
+        ({"log": {"format": "xml"}}, "/log/format"),
+        ({"log": {"level": "verbose"}}, "/log/level"),
+        ({"metrics": {"port": "9394"}}, "/metrics/port"),
+        ({"metrics": {"port": 80}}, "/metrics/port"),
+        ({"devicePlugin": {"hostPID": "yes"}}, "/devicePlugin/hostPID"),
+        (
+            {"devicePlugin": {"hostPIDBroker": {"enabled": 1}}},
+            "/devicePlugin/hostPIDBroker/enabled",
+        ),
+        ({"resyncInterval": "5 minutes"}, "/resyncInterval"),
+        ({"hookPath": "usr/local/vgpu"}, "/hookPath"),
+        ({"hookPath": "/usr/local/vgpu/"}, "/hookPath"),
+        ({"migLockPath": "/var/lock/mig.lock"}, "/migLockPath"),
+        ({"extraArgs": ["run"]}, "/extraArgs/0"),
+        ({"devicePlugn": {}}, "devicePlugn"),
+    ],
+)
+def test_schema_rejects_bad_values(chart: Any, values: dict[str, Any], where: str) -> None:
+    with pytest.raises(helm.HelmValuesError, match=re.escape(where)):
+        chart.render(values=values, name=RELEASE, namespace=NAMESPACE)
+
+
+SMUGGLED: list[tuple[dict[str, Any], str]] = [
+    (
+        {"extraEnv": [{"name": "LIBVGPU_HOSTPID_BROKER", "value": "1"}]},
+        "set LIBVGPU_HOSTPID_BROKER",
+    ),
+    ({"extraEnv": [{"name": "HOOK_PATH", "value": "/x"}]}, "set HOOK_PATH"),
+    ({"extraArgs": ["--log-level=debug"]}, "pass --log-level"),
+    ({"extraArgs": ["--broker-socket-path=/x.sock"]}, "pass --broker-socket-path"),
+]
+
+
+@pytest.mark.parametrize(("values", "message"), SMUGGLED)
+def test_chart_managed_settings_cannot_be_smuggled_in(
+    chart: Any, values: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(helm.HelmRenderError, match=f"must not {re.escape(message)}: the chart"):
+        chart.render(values=values, name=RELEASE, namespace=NAMESPACE)
+
+
+# --- helm lint, NOTES, docs -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_helm_lint_is_clean(scenario: str) -> None:
+    report = helm.lint(CHART, SCENARIOS[scenario], strict=True, namespace=NAMESPACE)
+    assert report["errors"] == []
+    # Severity 1 (info) is only "icon is recommended"; warnings (2) and errors (3) fail.
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_helm_lint_reports_bad_values() -> None:
+    # Lint is not vacuous: a schema violation is an error.  (Helm lints templates in "lint
+    # mode", where `fail` only logs, so the broker/hostPID refusal shows up when rendering -
+    # install, upgrade, template - not in lint; test_broker_on_with_host_pid_off_fails_...)
+    report = helm.lint(CHART, {"metrics": {"port": "9394"}}, strict=True, namespace=NAMESPACE)
+    assert any("/metrics/port" in error for error in report["errors"])
+
+
+def test_notes_say_whether_the_broker_is_on(chart: Any) -> None:
+    assert "Host PID broker: disabled." in notes(chart)
+    on = notes(chart, BROKER_ON)
+    assert "Host PID broker: ENABLED." in on
+    assert "recreate" in on
+
+
+def _value_paths(schema: dict[str, Any], prefix: str = "") -> Iterator[str]:
+    """Dotted paths of the chart's settings: leaves of the schema's closed objects."""
+    for key, sub in schema["properties"].items():
+        path = f"{prefix}{key}"
+        if sub.get("type") == "object" and sub.get("additionalProperties") is False:
+            yield from _value_paths(sub, f"{path}.")
+        elif key != "global":
+            yield path
+
+
+def test_every_value_has_a_schema_entry_and_is_documented(chart: Any) -> None:
+    schema = chart.schema
+    paths = sorted(_value_paths(schema))
+    defaults = chart.values
+    for path in paths:
+        node: Any = defaults
+        for part in path.split("."):
+            assert part in node, f"{path} is in values.schema.json but not in values.yaml"
+            node = node[part]
+    readme = (CHART / "README.md").read_text()
+    guide = (ROOT / "docs" / "deployment.md").read_text()
+    for path in paths:
+        assert f"`{path}`" in readme, f"{path} missing from the chart README"
+        assert f"`{path}`" in guide, f"{path} missing from docs/deployment.md"
+
+
+def test_app_version_is_the_package_version(chart: Any) -> None:
+    version = hami_trio.__version__
+    assert chart.metadata["appVersion"] == version
+    image = agent(render(chart))["image"]
+    assert image == f"hami-trio:{version}"
