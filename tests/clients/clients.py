@@ -7,10 +7,14 @@ name on stdout with exit 1 (and a detail line on stderr).
 
 from __future__ import annotations
 
+import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.clients.harness import ClientRun, Sandbox, run_in_sandbox
+
+PY_CHILD = Path(__file__).with_name("py_client_child.py")
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,13 @@ class Outcome:
     pid: int | None
     reason: str | None
     run: ClientRun
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds the query took: as reported by the client (``client_elapsed=`` on
+        stderr, the Python child), else from "go" to the process's exit (the C client)."""
+        match = re.search(r"client_elapsed=([\d.]+)", self.run.stderr)
+        return float(match.group(1)) if match else self.run.elapsed
 
 
 def parse_outcome(run: ClientRun) -> Outcome:
@@ -60,3 +71,38 @@ class CClient:
             env["LIBVGPU_HOSTPID_BROKER"] = switch
         argv = [str(self.binary), "--deadline", str(deadline), str(socket or box.client_socket)]
         return parse_outcome(run_in_sandbox(box, argv, read_only=read_only, env=env))
+
+
+@dataclass(frozen=True)
+class PyClient:
+    """The Python client through ``hami-trio hostpid``, dropping to uid 65534 after imports."""
+
+    name: str = "python"
+
+    def run(
+        self,
+        box: Sandbox,
+        *,
+        socket: Path | None = None,
+        deadline: float = 0.5,
+        read_only: bool = True,
+        switch: str | None = "1",
+    ) -> Outcome:
+        """Query once from inside ``box``; ``switch`` is LIBVGPU_HOSTPID_BROKER (None: unset)."""
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        if switch is not None:
+            env["LIBVGPU_HOSTPID_BROKER"] = switch
+        argv = [
+            sys.executable,
+            str(PY_CHILD),
+            "--socket-path",
+            str(socket or box.client_socket),
+            "--deadline",
+            str(deadline),
+        ]
+        run = run_in_sandbox(box, argv, read_only=read_only, client_drops_itself=True, env=env)
+        return parse_outcome(run)
+
+
+#: Either client; both have ``name`` and the same ``run`` signature.
+Client = CClient | PyClient

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.clients.harness import Sandbox, build_c_client, make_sandbox, world_readable_tempdir
+from tests.clients.harness import Sandbox, build_c_client, make_sandbox
+from tests.sandbox import world_readable_dir
 
 
 @pytest.fixture(scope="session")
 def c_client() -> Iterator[Path]:
     """``hostpid-client`` built with the project's Makefile (-Werror) in a world-readable dir."""
-    dest = world_readable_tempdir("hami-trio-cclient-")
-    try:
+    with world_readable_dir("ht-cclient-") as dest:
         yield build_c_client(dest)
-    finally:
-        shutil.rmtree(dest, ignore_errors=True)
 
 
 @pytest.fixture

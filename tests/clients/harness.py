@@ -15,51 +15,56 @@ Start-up uses a ready/go handshake over the sandbox's stdin/stdout, so the test 
 client's host-side PID (the child of ``unshare``) and its in-namespace PID (``NSpid``) from
 /proc *before* the client runs, and can time the client alone.
 
-Everything lives in a world-readable temporary directory (pytest's ``tmp_path`` is 0700, so
-uid 65534 could not reach it) that the fixtures remove; every process is killed and waited for.
+Everything lives in a world-readable temporary directory (``tests.sandbox.world_readable_dir``:
+pytest's ``tmp_path`` is 0700, so uid 65534 could not reach it) that is removed afterwards;
+every process is killed and waited for.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
+import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.sandbox import NOBODY, world_readable_dir
+
+__all__ = [
+    "C_SOURCES",
+    "NOBODY",
+    "ClientRun",
+    "Sandbox",
+    "build_c_client",
+    "make_sandbox",
+    "python_broker",
+    "rogue_server",
+    "run_in_sandbox",
+]
+
 REPO = Path(__file__).resolve().parents[2]
 C_SOURCES = REPO / "clients" / "c"
 ROGUE_SERVER = Path(__file__).with_name("rogue_server.py")
-NOBODY = 65534
 SOCKET_NAME = "broker.sock"
 
 # The sandbox's init: $1 = broker dir (host side), $2 = mount point, $3 = "ro"/"rw",
-# $4 = "setpriv"/"asis"; the client's argv follows.
+# $4 = "setpriv" (handshake here, then drop to 65534) or "self" (exec the client as root at
+# once: it drops privileges and does the handshake itself); the client's argv follows.
 _SANDBOX_SCRIPT = r"""
 set -e
 mount --bind "$1" "$2"
 if [ "$3" = ro ]; then mount -o remount,bind,ro "$2"; fi
-drop="$4"
+how="$4"
 shift 4
+if [ "$how" = self ]; then exec "$@"; fi
 echo ready
 read -r go
-if [ "$drop" = setpriv ]; then
-    exec setpriv --reuid=65534 --regid=65534 --clear-groups -- "$@"
-fi
-exec "$@"
+exec setpriv --reuid=65534 --regid=65534 --clear-groups -- "$@"
 """
-
-
-def world_readable_tempdir(prefix: str) -> Path:
-    """A fresh temporary directory that any uid can traverse (mode 0755)."""
-    path = Path(tempfile.mkdtemp(prefix=prefix))
-    path.chmod(0o755)
-    return path
 
 
 def build_c_client(dest: Path, *, extra_cflags: str = "") -> Path:
@@ -108,8 +113,7 @@ class Sandbox:
 @contextmanager
 def make_sandbox() -> Iterator[Sandbox]:
     """Create the directory tree of a sandbox (root-owned, broker dir 0711); remove it after."""
-    root = world_readable_tempdir("hami-trio-sandbox-")
-    try:
+    with world_readable_dir("ht-sandbox-") as root:
         box = Sandbox(root)
         box.broker_dir.parent.mkdir(mode=0o755)
         box.broker_dir.mkdir()
@@ -120,8 +124,6 @@ def make_sandbox() -> Iterator[Sandbox]:
         vgpulock.chmod(0o1777)
         box.mount_point.mkdir(mode=0o755)
         yield box
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @dataclass
@@ -155,7 +157,7 @@ def run_in_sandbox(
     argv: Sequence[str],
     *,
     read_only: bool = True,
-    drop_with_setpriv: bool = True,
+    client_drops_itself: bool = False,
     env: Mapping[str, str] | None = None,
     timeout: float = 30.0,
 ) -> ClientRun:
@@ -163,8 +165,9 @@ def run_in_sandbox(
 
     Args:
         box: the sandbox tree (its broker directory is what gets bind-mounted).
-        argv: the client command; run as uid 65534 via setpriv when ``drop_with_setpriv``,
-            else as root (a Python client that drops privileges itself).
+        argv: the client command; run as uid 65534 via setpriv, or, with
+            ``client_drops_itself``, started as root: it must drop to 65534 after its imports,
+            print ``ready`` and wait for a ``go`` line on stdin (py_client_child.py does).
         read_only: bind-mount the broker directory read-only (the production setup).
         env: the client's environment (default: a minimal PATH only).
         timeout: seconds before the sandbox is killed and the test fails.
@@ -188,7 +191,7 @@ def run_in_sandbox(
         str(box.broker_dir),
         str(box.mount_point),
         "ro" if read_only else "rw",
-        "setpriv" if drop_with_setpriv else "asis",
+        "self" if client_drops_itself else "setpriv",
         *argv,
     ]
     child_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"} if env is None else dict(env)
@@ -224,12 +227,20 @@ def run_in_sandbox(
 
 @contextmanager
 def rogue_server(
-    socket_path: Path, mode: str, *, listen_uid: int | None = None
+    socket_path: Path,
+    mode: str,
+    *,
+    listen_uid: int | None = None,
+    backlog: int | None = None,
+    accept_delay: float = 0.0,
 ) -> Iterator[subprocess.Popen[str]]:
     """Run ``rogue_server.py`` on ``socket_path`` until the block ends; see that module."""
     cmd = [sys.executable, str(ROGUE_SERVER), "--socket", str(socket_path), "--mode", mode]
     if listen_uid is not None:
         cmd += ["--listen-uid", str(listen_uid)]
+    if backlog is not None:
+        cmd += ["--backlog", str(backlog)]
+    cmd += ["--accept-delay", str(accept_delay)]
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         try:
             assert proc.stdout is not None
@@ -244,3 +255,49 @@ def rogue_server(
             proc.communicate()
             if os.path.lexists(socket_path):
                 os.unlink(socket_path)
+
+
+def _answers(socket_path: Path) -> bool:
+    """One raw exchange with the broker (from the test process): does it answer now?"""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(1.0)
+            sock.connect(str(socket_path))
+            sock.sendall(b"HPID\x00\x01\x00\x01")
+            return len(sock.recv(12)) == 12
+    except OSError:
+        return False
+
+
+@contextmanager
+def python_broker(
+    socket_path: Path, *extra_args: str, timeout: float = 15.0
+) -> Iterator[subprocess.Popen[str]]:
+    """Run the real broker (``python -m hami_trio broker``, as root) until the block ends.
+
+    It is ready once it answers a raw exchange; on exit it gets SIGTERM (graceful stop) and is
+    killed if it has not exited after 5 s.
+
+    Raises:
+        AssertionError: it exited or did not answer within ``timeout`` (stderr included).
+    """
+    cmd = [sys.executable, "-m", "hami_trio", "broker", "--socket-path", str(socket_path)]
+    with subprocess.Popen(
+        [*cmd, *extra_args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            deadline = time.monotonic() + timeout
+            while not _answers(socket_path):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    _, err = proc.communicate()
+                    raise AssertionError(f"broker did not start (rc={proc.returncode}): {err}")
+                time.sleep(0.02)
+            yield proc
+        finally:
+            proc.terminate()
+            try:
+                proc.communicate(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()

@@ -5,7 +5,9 @@ Run as a separate process (stdlib only) so a test can make it listen as another 
 socket as the starting user (root in the tests, so the socket file is root-owned), then, with
 ``--listen-uid``, drops to that uid *before* ``listen()``: the credentials a client reads with
 ``SO_PEERCRED`` are the ones the listener had when it called ``listen()``.  It prints
-``ready`` once listening and serves until it is terminated.
+``ready`` once listening and serves until it is terminated.  ``--backlog N`` and
+``--accept-delay SECONDS`` (listen, then wait before the first ``accept``) let a test fill the
+listen backlog.
 
 Modes (what one connection gets after the server read the 8-byte request):
 
@@ -28,6 +30,7 @@ import os
 import socket
 import struct
 import sys
+import time
 
 _RESPONSE = struct.Struct("!4sHHI")
 _REQUEST = struct.Struct("!4sHH")
@@ -84,7 +87,7 @@ def answer(mode: str, conn: socket.socket) -> bytes | None:
     raise ValueError(f"no fixed answer for mode {mode!r}")
 
 
-def serve(path: str, mode: str, listen_uid: int | None) -> None:
+def serve(path: str, mode: str, listen_uid: int | None, backlog: int, accept_delay: float) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     os.chmod(path, 0o666)
@@ -92,8 +95,9 @@ def serve(path: str, mode: str, listen_uid: int | None) -> None:
         os.setgroups([])
         os.setgid(listen_uid)
         os.setuid(listen_uid)
-    listener.listen(socket.SOMAXCONN)
+    listener.listen(backlog)
     print("ready", flush=True)
+    time.sleep(accept_delay)  # connections pile up in the backlog meanwhile
     held: list[socket.socket] = []
     while True:
         conn, _ = listener.accept()
@@ -130,8 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket", required=True)
     parser.add_argument("--mode", choices=MODES, required=True)
     parser.add_argument("--listen-uid", type=int, default=None)
+    parser.add_argument("--backlog", type=int, default=socket.SOMAXCONN)
+    parser.add_argument("--accept-delay", type=float, default=0.0)
     args = parser.parse_args(argv)
-    serve(args.socket, args.mode, args.listen_uid)
+    serve(args.socket, args.mode, args.listen_uid, args.backlog, args.accept_delay)
     return 0
 
 

@@ -6,8 +6,9 @@ cover what only the C command has.
 
 from __future__ import annotations
 
+import os
 import re
-import shutil
+import struct
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,12 +16,14 @@ from pathlib import Path
 import pytest
 
 from tests.clients.harness import (
+    C_SOURCES,
+    NOBODY,
     Sandbox,
     build_c_client,
     rogue_server,
     run_in_sandbox,
-    world_readable_tempdir,
 )
+from tests.sandbox import world_readable_dir
 
 _STORM_LINE = re.compile(
     r"clients=(?P<clients>\d+) successful=(?P<ok>\d+) failed=(?P<failed>\d+)"
@@ -114,15 +117,12 @@ def test_storm_in_a_pid_namespace_gets_distinct_host_pids(c_client: Path, sandbo
 @pytest.fixture(scope="module")
 def sanitized_client() -> Iterator[Path]:
     """The C client built with AddressSanitizer and UBSan, aborting on the first error."""
-    dest = world_readable_tempdir("hami-trio-cclient-asan-")
-    try:
+    with world_readable_dir("ht-cclient-asan-") as dest:
         yield build_c_client(
             dest,
             extra_cflags="-fsanitize=address,undefined -fno-sanitize-recover=all "
             "-fno-omit-frame-pointer",
         )
-    finally:
-        shutil.rmtree(dest, ignore_errors=True)
 
 
 @pytest.mark.root
@@ -142,3 +142,57 @@ def test_sanitizer_build_is_clean(sanitized_client: Path, sandbox: Sandbox, mode
     # A sanitizer report exits with a status other than 0 (answer) or 1 (no answer).
     assert run.returncode == (0 if mode == "ok" else 1), run.stderr
     assert "Sanitizer" not in run.stderr
+
+
+def _has_interpreter(elf: bytes) -> bool:
+    """Whether a 64-bit little-endian ELF file has a PT_INTERP (dynamic loader) header."""
+    assert elf[:4] == b"\x7fELF"
+    assert elf[4] == 2  # ELFCLASS64
+    (phoff,) = struct.unpack_from("<Q", elf, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", elf, 0x36)
+    pt_interp = 3
+    return any(
+        struct.unpack_from("<I", elf, phoff + i * phentsize)[0] == pt_interp for i in range(phnum)
+    )
+
+
+def test_static_build_needs_no_shared_libraries(c_client: Path, tmp_path: Path) -> None:
+    # What operators copy into a workload container (docs/operations.md).
+    subprocess.run(
+        ["make", "-s", "-C", str(C_SOURCES), "static", f"BUILD={tmp_path}"],
+        check=True,
+        capture_output=True,
+    )
+    static = tmp_path / "hostpid-client-static"
+    assert not _has_interpreter(static.read_bytes())
+    assert _has_interpreter(c_client.read_bytes())
+    proc = _run(static, str(tmp_path / "absent" / "broker.sock"), switch="1")
+    assert (proc.returncode, proc.stdout) == (1, "missing\n")
+
+
+@pytest.mark.root
+def test_expected_uid_define_is_the_only_way_to_trust_another_owner(
+    c_client: Path, sandbox: Sandbox
+) -> None:
+    # Everything owned and served by 65534: the production build refuses it, a build with
+    # the test-only define accepts it (and then refuses root instead).
+    with world_readable_dir("ht-cclient-uid-") as dest:
+        test_build = build_c_client(dest, extra_cflags=f"-DHOSTPID_EXPECTED_UID={NOBODY}")
+        os.chown(sandbox.broker_dir, NOBODY, NOBODY)
+        with rogue_server(sandbox.host_socket, "ok", listen_uid=NOBODY):
+            os.chown(sandbox.host_socket, NOBODY, NOBODY)
+            for binary, expected in ((c_client, "unsafe_owner"), (test_build, None)):
+                run = run_in_sandbox(
+                    sandbox, [str(binary), "--ignore-switch", str(sandbox.client_socket)]
+                )
+                if expected is None:
+                    assert run.returncode == 0, run.stderr
+                    assert int(run.stdout) == run.host_pid
+                else:
+                    assert run.stdout.strip() == expected
+        os.chown(sandbox.broker_dir, 0, 0)
+        with rogue_server(sandbox.host_socket, "ok"):
+            run = run_in_sandbox(
+                sandbox, [str(test_build), "--ignore-switch", str(sandbox.client_socket)]
+            )
+        assert run.stdout.strip() == "unsafe_owner"
