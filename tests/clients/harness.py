@@ -23,6 +23,7 @@ every process is killed and waited for.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -41,6 +42,7 @@ __all__ = [
     "Sandbox",
     "build_c_client",
     "make_sandbox",
+    "makefile_warnings",
     "python_broker",
     "rogue_server",
     "run_in_sandbox",
@@ -67,19 +69,42 @@ exec setpriv --reuid=65534 --regid=65534 --clear-groups -- "$@"
 """
 
 
-def build_c_client(dest: Path, *, extra_cflags: str = "") -> Path:
-    """Build ``hostpid-client`` with the project's Makefile into ``dest``; return the binary.
+def makefile_warnings() -> list[str]:
+    """The compiler flags of ``WARNINGS`` in clients/c/Makefile (one source of truth)."""
+    text = (C_SOURCES / "Makefile").read_text().replace("\\\n", " ")
+    match = re.search(r"^WARNINGS\s*=\s*(.*)$", text, re.MULTILINE)
+    if match is None:
+        raise AssertionError("clients/c/Makefile has no WARNINGS variable")
+    return match.group(1).split()
+
+
+def build_c_client(dest: Path, *, extra_cflags: str = "", static: bool = False) -> Path:
+    """Compile ``hostpid-client`` into ``dest`` with gcc and the Makefile's flags.
+
+    gcc directly rather than ``make``: a fresh machine for this project has python3, pip and
+    gcc, not necessarily make (test_c_client.py builds with the Makefile when make exists).
 
     Raises:
         subprocess.CalledProcessError: the build failed (warnings are errors).
     """
+    binary = dest / "hostpid-client"
     subprocess.run(
-        ["make", "-s", "-C", str(C_SOURCES), f"BUILD={dest}", f"EXTRA_CFLAGS={extra_cflags}"],
+        [
+            "gcc",
+            *makefile_warnings(),
+            "-O2",
+            "-g",
+            *extra_cflags.split(),
+            *(["-static"] if static else []),
+            "-o",
+            str(binary),
+            str(C_SOURCES / "hostpid_client.c"),
+            str(C_SOURCES / "hostpid_cli.c"),
+        ],
         check=True,
         capture_output=True,
         text=True,
     )
-    binary = dest / "hostpid-client"
     binary.chmod(0o755)
     return binary
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import struct
 import subprocess
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from tests.clients.harness import (
     NOBODY,
     Sandbox,
     build_c_client,
+    makefile_warnings,
     rogue_server,
     run_in_sandbox,
 )
@@ -158,16 +160,29 @@ def _has_interpreter(elf: bytes) -> bool:
 
 def test_static_build_needs_no_shared_libraries(c_client: Path, tmp_path: Path) -> None:
     # What operators copy into a workload container (docs/operations.md).
-    subprocess.run(
-        ["make", "-s", "-C", str(C_SOURCES), "static", f"BUILD={tmp_path}"],
-        check=True,
-        capture_output=True,
-    )
-    static = tmp_path / "hostpid-client-static"
+    static = build_c_client(tmp_path, static=True)
     assert not _has_interpreter(static.read_bytes())
     assert _has_interpreter(c_client.read_bytes())
     proc = _run(static, str(tmp_path / "absent" / "broker.sock"), switch="1")
     assert (proc.returncode, proc.stdout) == (1, "missing\n")
+
+
+def test_warnings_are_errors_in_c99() -> None:
+    flags = makefile_warnings()
+    assert {"-std=c99", "-Wall", "-Wextra", "-Werror"} <= set(flags)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_makefile_builds_both_targets(tmp_path: Path) -> None:
+    subprocess.run(
+        ["make", "-s", "-C", str(C_SOURCES), f"BUILD={tmp_path}", "all", "static"],
+        check=True,
+        capture_output=True,
+    )
+    assert _has_interpreter((tmp_path / "hostpid-client").read_bytes())
+    assert not _has_interpreter((tmp_path / "hostpid-client-static").read_bytes())
+    proc = _run(tmp_path / "hostpid-client", "--help")
+    assert proc.returncode == 0
 
 
 @pytest.mark.root
