@@ -348,6 +348,8 @@ hostpid_status hostpid_query(const char *socket_path, long deadline_ms, pid_t *p
                              char *detail, size_t detail_len) {
     if (deadline_ms <= 0) {
         deadline_ms = HOSTPID_DEFAULT_DEADLINE_MS;
+    } else if (deadline_ms > 3600L * 1000) {
+        deadline_ms = 3600L * 1000; /* keeps the nanosecond arithmetic far from overflow */
     }
     int64_t deadline = now_ns() + (int64_t)deadline_ms * 1000000;
     const char *path = socket_path != NULL ? socket_path : HOSTPID_DEFAULT_SOCKET_PATH;

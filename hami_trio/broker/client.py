@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import math
 import os
 import socket
 import stat
@@ -247,7 +248,9 @@ def _connect(sock: socket.socket, path: Path, deadline: float) -> NoAnswer | Non
     try:
         sock.connect(os.fspath(path))
     except OSError as exc:
-        return classify_connect_error(path, exc.errno or 0)
+        if exc.errno is None:  # e.g. "AF_UNIX path too long", raised before any syscall
+            return NoAnswer(Reason.REFUSED, f"{path}: {exc}")
+        return classify_connect_error(path, exc.errno)
     return None
 
 
@@ -308,8 +311,8 @@ def query_host_pid(
     Raises:
         ValueError: ``deadline`` is not a positive number (a programming error).
     """
-    if not deadline > 0:
-        raise ValueError(f"deadline must be > 0 seconds, got {deadline!r}")
+    if not (math.isfinite(deadline) and deadline > 0):
+        raise ValueError(f"deadline must be a finite number of seconds > 0, got {deadline!r}")
     stop = time.monotonic() + deadline
     if enabled is None:
         enabled = broker_switch_from_env(os.environ if env is None else env)
@@ -319,15 +322,19 @@ def query_host_pid(
     problem = _check_paths(path, expected_uid)
     if problem is not None:
         return problem
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        problem = _connect(sock, path, stop)
-        if problem is not None:
-            return problem
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError as exc:  # out of descriptors or memory: no answer, like any other failure
+        return NoAnswer(Reason.REFUSED, f"socket: {exc.strerror}")
+    with sock:
         try:
-            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            problem = _connect(sock, path, stop)
+            if problem is not None:
+                return problem
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3I"))
         except OSError as exc:
-            return NoAnswer(Reason.REFUSED, f"{path}: SO_PEERCRED: {exc.strerror}")
-        _pid, peer_uid, _gid = struct.unpack("3i", creds)
+            return NoAnswer(Reason.REFUSED, f"{path}: {exc.strerror or exc}")
+        _pid, peer_uid, _gid = struct.unpack("3I", creds)
         if peer_uid != expected_uid:
             return NoAnswer(
                 Reason.PEER_NOT_ROOT,

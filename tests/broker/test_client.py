@@ -200,7 +200,7 @@ def test_symlinked_directory(tmp_path: Path) -> None:
     assert reason_of(found) is Reason.UNSAFE_MODE
 
 
-@pytest.mark.parametrize("deadline", [0, -1.0, float("nan")])
+@pytest.mark.parametrize("deadline", [0, -1.0, float("nan"), float("inf")])
 def test_deadline_must_be_positive(tmp_path: Path, deadline: float) -> None:
     with pytest.raises(ValueError, match="deadline"):
         query_host_pid(tmp_path / "broker.sock", deadline, enabled=True)
