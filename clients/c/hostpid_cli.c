@@ -69,7 +69,8 @@ static hostpid_status run_query(int ignore_switch, const char *path, long deadli
 static int single(int ignore_switch, const char *path, long deadline_ms) {
     char detail[512] = "";
     pid_t pid = 0;
-    hostpid_status status = run_query(ignore_switch, path, deadline_ms, &pid, detail, sizeof detail);
+    hostpid_status status =
+        run_query(ignore_switch, path, deadline_ms, &pid, detail, sizeof detail);
     if (status == HOSTPID_OK) {
         printf("%ld\n", (long)pid);
         return 0;

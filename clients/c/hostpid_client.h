@@ -69,7 +69,8 @@ int hostpid_broker_enabled(void);
  * Ask the broker at socket_path for the caller's host PID, ignoring the switch.
  *
  * deadline_ms bounds connect + write + read together (a monotonic clock); <= 0 means the
- * default of 500 ms; more than one hour is clamped to one hour.  On HOSTPID_OK *pid_out holds the PID; otherwise it is left untouched.
+ * default of 500 ms, more than one hour is clamped to one hour.  On HOSTPID_OK *pid_out
+ * holds the PID; otherwise it is left untouched.
  * detail (may be NULL) receives a one-line human explanation of the outcome.
  * Never blocks longer than the deadline after the filesystem checks, never raises a signal
  * (SIGPIPE is suppressed), and never returns a PID it did not read from a valid response.
