@@ -17,6 +17,7 @@ from hami_trio.allocation import (
     prepare_lock_parent,
 )
 from hami_trio.broker import BrokerConfig, BrokerHandle, serve_broker
+from hami_trio.broker.client import NoAnswer, query_host_pid
 from hami_trio.config import broker_switch_on, parse_bind_address, parse_go_duration
 from hami_trio.errors import (
     BrokerError,
@@ -39,6 +40,7 @@ __all__ = [
     "HamiTrioError",
     "LockDirError",
     "Mount",
+    "NoAnswer",
     "PodSourceError",
     "__version__",
     "allocate",
@@ -47,5 +49,6 @@ __all__ = [
     "parse_bind_address",
     "parse_go_duration",
     "prepare_lock_parent",
+    "query_host_pid",
     "serve_broker",
 ]
