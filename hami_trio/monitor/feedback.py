@@ -31,13 +31,13 @@ Nothing here does I/O; :mod:`hami_trio.monitor.loop` applies the writes.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from hami_trio.monitor.layout import ControlField
 
-__all__ = ["Observable", "Observed", "Write", "observe"]
+__all__ = ["Activity", "Observable", "Observed", "Write", "observe"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -86,6 +86,46 @@ class Write(Generic[K]):
     value: int
 
 
+class Activity:
+    """Which priorities are active on which device (HAMi's ``utSwitchOn``), bounded.
+
+    ``counts[uuid][priority]`` is how many (container, UUID slot) pairs are active at that
+    priority on that device; only positive counts are stored, so the size is bounded by the
+    input, never by a priority value.
+    """
+
+    __slots__ = ("_best", "_counts")
+
+    def __init__(self, counts: Mapping[bytes, Mapping[int, int]]) -> None:
+        self._counts: dict[bytes, Counter[int]] = {
+            key: Counter({p: n for p, n in per.items() if n > 0}) for key, per in counts.items()
+        }
+        self._counts = {key: per for key, per in self._counts.items() if per}
+        self._best = {key: min(per) for key, per in self._counts.items()}
+
+    @classmethod
+    def from_lists(cls, per_device: Mapping[bytes, Sequence[int]]) -> Activity:
+        """Build from upstream's shape: ``{uuid: [count at priority 0, 1, ...]}``."""
+        return cls({key: dict(enumerate(counts)) for key, counts in per_device.items()})
+
+    @property
+    def counts(self) -> Mapping[bytes, Mapping[int, int]]:
+        """``uuid -> priority -> count`` (positive counts only)."""
+        return self._counts
+
+    def blocks(self, priority: int, keys: Iterable[bytes]) -> bool:
+        """HAMi's ``CheckBlocking``: a more important (lower) priority is active on any of
+        ``keys``."""
+        best = self._best
+        return any(key in best and best[key] < priority for key in keys)
+
+    def crowds(self, priority: int, keys: Iterable[bytes]) -> bool:
+        """HAMi's ``CheckPriority``: :meth:`blocks`, or more than one activity at exactly
+        ``priority`` on any of ``keys``."""
+        keys = [key for key in keys if key in self._counts]
+        return self.blocks(priority, keys) or any(self._counts[key][priority] > 1 for key in keys)
+
+
 def observe(containers: Mapping[K, Observable]) -> tuple[Write[K], ...]:
     """Decide this tick's control writes (see the module docstring).
 
@@ -96,8 +136,7 @@ def observe(containers: Mapping[K, Observable]) -> tuple[Write[K], ...]:
         The writes, at most two per container (``recent_kernel`` first), only for values that
         change.
     """
-    # uuid raw bytes -> priority -> how many (container, slot) pairs are active at it
-    active: dict[bytes, Counter[int]] = {}
+    counts: dict[bytes, Counter[int]] = {}
     decremented: dict[K, int] = {}
     for key, c in containers.items():
         recent = c.recent_kernel
@@ -105,16 +144,13 @@ def observe(containers: Mapping[K, Observable]) -> tuple[Write[K], ...]:
             recent -= 1
             if recent > 0 and c.priority >= 0:
                 for raw in c.device_keys:
-                    active.setdefault(raw, Counter())[c.priority] += 1
+                    counts.setdefault(raw, Counter())[c.priority] += 1
         decremented[key] = recent
-    most_important = {raw: min(counts) for raw, counts in active.items()}
+    activity = Activity(counts)
 
     writes: list[Write[K]] = []
     for key, c in containers.items():
-        priority = c.priority
-        raws = [raw for raw in c.device_keys if raw in active]
-        blocked = any(most_important[raw] < priority for raw in raws)
-        crowded = blocked or any(active[raw][priority] > 1 for raw in raws)
+        blocked = activity.blocks(c.priority, c.device_keys)
         recent = decremented[key]
         if blocked and recent >= 0:
             recent = -1
@@ -122,7 +158,7 @@ def observe(containers: Mapping[K, Observable]) -> tuple[Write[K], ...]:
             recent = 0
         if recent != c.recent_kernel:
             writes.append(Write(key, ControlField.RECENT_KERNEL, recent))
-        switch = 1 if crowded else 0
+        switch = 1 if blocked or activity.crowds(c.priority, c.device_keys) else 0
         if switch != c.utilization_switch:
             writes.append(Write(key, ControlField.UTILIZATION_SWITCH, switch))
     return tuple(writes)
