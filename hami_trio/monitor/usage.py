@@ -23,14 +23,13 @@ from __future__ import annotations
 import enum
 import functools
 import struct
-import sys
-from array import array
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hami_trio.monitor.layout import (
     HEADER,
     MAX_DEVICES,
+    USED_FIELDS,
+    UTIL_FIELDS,
     UUID_SIZE,
     Format,
     Layout,
@@ -219,23 +218,6 @@ def parse_static(layout: Layout, head: bytes | bytearray | memoryview) -> Static
     )
 
 
-def _u64_view(data: bytes | bytearray | memoryview) -> Sequence[int]:
-    """The buffer as a sequence of little-endian uint64 (slicing with a step is C speed)."""
-    if sys.byteorder == "little":
-        return memoryview(data).cast("B").cast("Q")
-    words = array("Q", bytes(data))  # pragma: no cover - no big-endian CI host
-    words.byteswap()  # pragma: no cover
-    return words  # pragma: no cover
-
-
-def _i32_view(data: bytes | bytearray | memoryview) -> Sequence[int]:
-    if sys.byteorder == "little":
-        return memoryview(data).cast("B").cast("i")
-    words = array("i", bytes(data))  # pragma: no cover
-    words.byteswap()  # pragma: no cover
-    return words  # pragma: no cover
-
-
 @dataclass(frozen=True, slots=True)
 class SlotTotals:
     """The per-device sums over the live slots of one head buffer, and how many were live."""
@@ -244,16 +226,29 @@ class SlotTotals:
     active_slots: int
 
 
-@functools.lru_cache(maxsize=64)
-def _field_words(layout: Layout, device_count: int) -> tuple[int, ...]:
-    """uint64 indexes inside slot 0 of (total, context, module, data, offset, sm_util) for
-    each device below ``device_count``, in that order."""
-    words: list[int] = []
+def _slot_struct(layout: Layout, device_count: int) -> struct.Struct:
+    """A ``struct`` spanning exactly one slot that picks, in offset order: per device below
+    ``device_count`` the five ``used`` words (context, module, data, offset, total), then per
+    device ``sm_util``, then ``status``.  ``iter_unpack`` then reads every slot in C."""
+    picks: list[tuple[int, str]] = []
     for d in range(device_count):
-        used = (layout.slot_used + d * layout.used_stride) // 8
-        util = (layout.slot_util + d * layout.util_stride) // 8
-        words += [used + 4, used, used + 1, used + 2, used + 3, util + 2]
-    return tuple(words)
+        base = layout.slot_used + d * layout.used_stride
+        picks += [(base + off, "Q") for off in USED_FIELDS.values()]
+    for d in range(device_count):
+        picks.append((layout.slot_util + d * layout.util_stride + UTIL_FIELDS["sm_util"], "Q"))
+    picks.append((layout.slot_status, "i"))
+    fmt, pos = "<", 0
+    for offset, code in picks:
+        if offset < pos:  # pragma: no cover - the layouts put these in ascending order
+            raise AssertionError(f"{layout.name} slot fields out of order at {offset}")
+        fmt += f"{offset - pos}x{code}" if offset > pos else code
+        pos = offset + struct.calcsize(code)
+    fmt += f"{layout.slot_size - pos}x"
+    return struct.Struct(fmt)
+
+
+# (format, device_count) -> slot struct; at most 2 x 17 entries.
+_SLOT_STRUCTS: dict[tuple[Format, int], struct.Struct] = {}
 
 
 def sum_slots(
@@ -273,30 +268,36 @@ def sum_slots(
     body_end = layout.body_size(slots)
     if len(head) < body_end:
         raise ValueError(f"head needs {body_end} bytes for {slots} slots, got {len(head)}")
-    procs = memoryview(head)[layout.procs : body_end]
-    stride = layout.slot_size // 8
-    statuses = _i32_view(procs)[layout.slot_status // 4 :: layout.slot_size // 4]
-    words = _u64_view(procs)
-    fields = _field_words(layout, static.device_count)
-    if 0 not in statuses:
-        active = slots
-        # Every slot is live: one strided C-level slice per field.
-        sums = [sum(words[w::stride]) & _MASK64 for w in fields]
+    count = static.device_count
+    codec = _SLOT_STRUCTS.get((layout.format, count))
+    if codec is None:
+        codec = _SLOT_STRUCTS[(layout.format, count)] = _slot_struct(layout, count)
+    rows = [row for row in codec.iter_unpack(memoryview(head)[layout.procs : body_end]) if row[-1]]
+    if rows:
+        sums = [sum(column) & _MASK64 for column in zip(*rows, strict=True)]
     else:
-        live = [s * stride for s, status in enumerate(statuses) if status != 0]
-        active = len(live)
-        sums = [sum(words[w + s] for s in live) & _MASK64 for w in fields]
+        sums = [0] * (6 * count + 1)
+    uuids, limits, sm_limits = static.uuids, static.limits, static.sm_limits
+    sm_base = 5 * count
+    # positional: (index, uuid, limit, sm_limit, total, context, module, buffer, offset, sm)
     devices = tuple(
-        DeviceUsage(
-            d,
-            static.uuids[d],
-            static.limits[d],
-            static.sm_limits[d],
-            *sums[6 * d : 6 * d + 6],
-        )
-        for d in range(static.device_count)
+        [
+            DeviceUsage(
+                d,
+                uuids[d],
+                limits[d],
+                sm_limits[d],
+                sums[5 * d + 4],
+                sums[5 * d],
+                sums[5 * d + 1],
+                sums[5 * d + 2],
+                sums[5 * d + 3],
+                sums[sm_base + d],
+            )
+            for d in range(count)
+        ]
     )
-    return SlotTotals(devices, active)
+    return SlotTotals(devices, len(rows))
 
 
 def parse_usage(
