@@ -10,14 +10,16 @@ container's first ``cuInit``.  Each :meth:`ContainerLister.update`:
    skipped with one warning each (not one per tick);
 2. asks the injected :class:`~hami_trio.monitor.podsource.PodSource` about the pod; when the
    source is authoritative and does not know the pod, the directory is removed - with
-   ``shutil.rmtree`` relative to the directory descriptor, which never follows symlinks -
-   once its mtime is older than the resync interval, after its file handle is closed;
+   ``shutil.rmtree`` relative to the directory descriptor, which never follows symlinks, in
+   a worker thread at the end of the tick - once its mtime is older than the resync
+   interval, after its file handle is closed;
 3. for a container with an open handle, ``lstat``\\ s the cache path and checks it still names
    the open file (device, inode, regular, one link); if so, reads the live ranges; if not,
    counts ``replaced``, closes the handle and re-lists the directory;
 4. re-lists a directory only when it has no usable handle: more than two names matching
-   ``libvgpu.so*`` or ``*.cache`` is ``too_many_files``; otherwise the first ``*.cache`` by name
-   is opened (see :mod:`hami_trio.monitor.region`);
+   ``libvgpu.so*`` or ``*.cache`` (or more than :data:`MAX_DIR_ENTRIES` entries) is
+   ``too_many_files``; otherwise the first ``*.cache`` by name is opened (see
+   :mod:`hami_trio.monitor.region`);
 5. closes the handles of directories that disappeared (upstream leaks their mappings).
 
 Rejections are reported once per change (the counter callback and one rate-limited log line
@@ -68,6 +70,7 @@ from hami_trio.monitor.usage import UsageSnapshot
 
 __all__ = [
     "CHECKPOINT_EVERY",
+    "MAX_DIR_ENTRIES",
     "ContainerKey",
     "ContainerLister",
     "ContainerState",
@@ -80,6 +83,8 @@ logger = logging.getLogger(__name__)
 
 #: Containers handled between two trio checkpoints.
 CHECKPOINT_EVERY = 64
+#: Entries read from one container directory before giving up on it (HAMi-core keeps 1-3).
+MAX_DIR_ENTRIES = 1024
 _LIBVGPU = "libvgpu.so"
 _CACHE_SUFFIX = ".cache"
 
@@ -195,6 +200,7 @@ class ContainerLister:
         self._on_reject = on_reject
         self._wall_clock = wall_clock
         self._tracked: dict[str, _Tracked] = {}
+        self._doomed: list[str] = []
         self._warned: set[str] = set()
         self._root_missing_logged = False
         self._limiter = RateLimiter(log_interval, max_keys=4096)
@@ -219,6 +225,7 @@ class ContainerLister:
         Checkpoints every :data:`CHECKPOINT_EVERY` containers.  If cancelled there, nothing
         is published and the previous view stays; the next call starts over.
         """
+        self._doomed = []
         try:
             root_fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -264,6 +271,9 @@ class ContainerLister:
         self._forget(seen)
         self._warned.intersection_update(entry.name for entry in entries)
         self._view = MappingProxyType(states)
+        doomed, self._doomed = self._doomed, []
+        for name in doomed:
+            await trio.to_thread.run_sync(self._remove, name)
         return self._view
 
     def _warn_once(self, name: str, msg: str, *args: object) -> None:
@@ -290,7 +300,10 @@ class ContainerLister:
             return None
         pod = self._pods.lookup(key.pod_uid)
         if pod is None and self._pods.authoritative and self._expired(entry, now):
-            self._remove(root_fd, name)
+            tracked = self._tracked.pop(name, None)
+            if tracked is not None:
+                tracked.drop_handle()
+            self._doomed.append(name)
             return None
         tracked = self._tracked.get(name)
         if tracked is None:
@@ -304,10 +317,9 @@ class ContainerLister:
             return False
         return now - mtime >= self._resync
 
-    def _remove(self, root_fd: int, name: str) -> None:
-        tracked = self._tracked.pop(name, None)
-        if tracked is not None:
-            tracked.drop_handle()
+    def _remove(self, name: str) -> None:
+        """Delete one container directory (runs in a worker thread: a tenant may have filled
+        it with millions of files, which must not stall the event loop)."""
         logger.info(
             "removing %s/%s: its pod is gone and it is older than the resync interval (%gs)",
             self._root,
@@ -315,8 +327,12 @@ class ContainerLister:
             self._resync,
         )
         try:
-            # fd-based rmtree: never follows a symlink placed inside by a tenant.
-            shutil.rmtree(name, dir_fd=root_fd)
+            root_fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                # fd-based rmtree: never follows a symlink placed inside by a tenant.
+                shutil.rmtree(name, dir_fd=root_fd)
+            finally:
+                os.close(root_fd)
         except OSError as exc:
             self._limiter.log(
                 logger,
@@ -435,13 +451,20 @@ class ContainerLister:
             tracked.last_reason = None
         return self._state(tracked, pod, ContainerStatus.LOADED, snapshot=snapshot)
 
-    def _list(self, root_fd: int, dirname: str) -> list[str]:
+    def _list(self, root_fd: int, dirname: str) -> list[str] | None:
+        """The names in a container directory, sorted; None if there are more than
+        :data:`MAX_DIR_ENTRIES` (the scan stops there: a tenant can create millions)."""
         fd = os.open(
             dirname, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd
         )
         try:
+            names: list[str] = []
             with os.scandir(fd) as it:
-                return sorted(entry.name for entry in it)
+                for entry in it:
+                    if len(names) == MAX_DIR_ENTRIES:
+                        return None
+                    names.append(entry.name)
+            return sorted(names)
         finally:
             os.close(fd)
 
@@ -457,6 +480,16 @@ class ContainerLister:
                 pod,
                 CacheFileRejected(
                     RejectReason.IO_ERROR, f"{display_dir}: cannot list: {exc.strerror}"
+                ),
+            )
+        if names is None:
+            tracked.cache_name = None
+            return self._reject(
+                tracked,
+                pod,
+                CacheFileRejected(
+                    RejectReason.TOO_MANY_FILES,
+                    f"{display_dir}: more than {MAX_DIR_ENTRIES} entries; not looking further",
                 ),
             )
         matching = [n for n in names if _LIBVGPU in n or n.endswith(_CACHE_SUFFIX)]
@@ -503,7 +536,11 @@ class ContainerLister:
         finally:
             os.close(dir_fd)
         tracked.handle = handle
-        return self._read(tracked, pod, handle, handle.size())
+        try:
+            size = handle.size()
+        except CacheFileRejected as exc:
+            return self._reject(tracked, pod, exc)
+        return self._read(tracked, pod, handle, size)
 
     # -- feedback writes -------------------------------------------------------------------
 

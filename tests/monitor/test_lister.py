@@ -16,6 +16,7 @@ from hami_trio.monitor.feedback import Write
 from hami_trio.monitor.layout import LAYOUTS, ControlField, Format, RejectReason
 from hami_trio.monitor.lister import (
     CHECKPOINT_EVERY,
+    MAX_DIR_ENTRIES,
     ContainerKey,
     ContainerLister,
     ContainerStatus,
@@ -89,6 +90,16 @@ async def test_libvgpu_and_cache_count_together(root: Path) -> None:
     state = (await make(root).update())[key("u_c")]
     assert state.rejection is not None
     assert state.rejection.reason is RejectReason.TOO_MANY_FILES
+
+
+async def test_a_directory_with_too_many_entries_is_not_scanned_to_the_end(root: Path) -> None:
+    directory = container(root, "u_c")
+    for i in range(MAX_DIR_ENTRIES + 1):
+        (directory / f"f{i:05d}").touch()
+    state = (await make(root).update())[key("u_c")]
+    assert state.rejection is not None
+    assert state.rejection.reason is RejectReason.TOO_MANY_FILES
+    assert f"more than {MAX_DIR_ENTRIES} entries" in state.rejection.message
 
 
 async def test_unrelated_files_and_cache_suffix_in_the_middle_are_ignored(root: Path) -> None:
