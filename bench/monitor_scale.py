@@ -188,7 +188,7 @@ def child(hook: Path, n: int, ticks: int, mode: str) -> Figures:
         }
         for measure in MEASUREMENTS:
             figures.update(await measure(monitor))
-        monitor._lister.close()
+        monitor.close()
         return figures
 
     figures = trio.run(run)

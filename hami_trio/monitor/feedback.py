@@ -150,7 +150,8 @@ def observe(containers: Mapping[K, Observable]) -> tuple[Write[K], ...]:
 
     writes: list[Write[K]] = []
     for key, c in containers.items():
-        blocked = activity.blocks(c.priority, c.device_keys)
+        # Nothing active anywhere (a quiet node): nobody is blocked or crowded.
+        blocked = bool(counts) and activity.blocks(c.priority, c.device_keys)
         recent = decremented[key]
         if blocked and recent >= 0:
             recent = -1
@@ -158,7 +159,7 @@ def observe(containers: Mapping[K, Observable]) -> tuple[Write[K], ...]:
             recent = 0
         if recent != c.recent_kernel:
             writes.append(Write(key, ControlField.RECENT_KERNEL, recent))
-        switch = 1 if blocked or activity.crowds(c.priority, c.device_keys) else 0
+        switch = 1 if blocked or (counts and activity.crowds(c.priority, c.device_keys)) else 0
         if switch != c.utilization_switch:
             writes.append(Write(key, ControlField.UTILIZATION_SWITCH, switch))
     return tuple(writes)

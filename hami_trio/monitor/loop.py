@@ -358,6 +358,11 @@ class Monitor:
         self._stop = True
         self._wakeup.set()
 
+    def close(self) -> None:
+        """Close every file handle.  :meth:`serve` does this on exit; call it yourself only
+        after driving :meth:`tick` directly (benchmarks, tests)."""
+        self._lister.close()
+
     def _stopping(self) -> bool:
         # A method, not the attribute: the loop re-reads it after every await.
         return self._stop
@@ -385,6 +390,8 @@ class Monitor:
 
     async def tick(self) -> int:
         """Refresh every container, run Observe and apply the writes, once.
+
+        :meth:`serve` calls this every interval; call it directly only when not serving.
 
         Returns:
             The number of control words written.
