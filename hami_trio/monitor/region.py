@@ -32,7 +32,6 @@ import os
 import stat
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from hami_trio.errors import CacheFileRejected
 from hami_trio.monitor.layout import (
@@ -51,7 +50,9 @@ from hami_trio.monitor.usage import (
     UsageSnapshot,
     parse_static,
     parse_usage,
-    sum_slots,
+    slot_rows,
+    slot_struct,
+    sum_rows,
 )
 
 __all__ = ["RegionHandle", "describe_mode", "read_region_file"]
@@ -106,14 +107,41 @@ def _io_rejection(display: str, action: str, exc: OSError) -> CacheFileRejected:
     )
 
 
-@dataclass(frozen=True, slots=True)
 class _ReadCache:
-    size: int
-    head: bytes
-    tail: bytes
-    layout: Layout
-    totals: SlotTotals
-    snapshot: UsageSnapshot
+    """What the last snapshot was derived from, to tell whether anything changed."""
+
+    __slots__ = (
+        "codec",
+        "layout",
+        "prefix",
+        "rows",
+        "size",
+        "snapshot",
+        "static",
+        "tail",
+        "totals",
+    )
+
+    def __init__(
+        self,
+        size: int,
+        prefix: bytes,
+        tail: bytes,
+        layout: Layout,
+        static: StaticInfo,
+        rows: list[tuple[int, ...]],
+        totals: SlotTotals,
+        snapshot: UsageSnapshot,
+    ) -> None:
+        self.size = size
+        self.prefix = prefix
+        self.tail = tail
+        self.layout = layout
+        self.static = static
+        self.rows = rows
+        self.totals = totals
+        self.snapshot = snapshot
+        self.codec = slot_struct(layout, static.device_count)
 
 
 class RegionHandle:
@@ -133,8 +161,6 @@ class RegionHandle:
         self.writable = writable
         self._layout: Layout | None = None
         self._cache: _ReadCache | None = None
-        self._static_key: bytes | None = None
-        self._static: StaticInfo | None = None
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -278,27 +304,40 @@ class RegionHandle:
             raise AssertionError("classify accepted a size layout_for_size refused")
         tail = self._pread(candidate.tail_size, candidate.tail_offset)
         (proc_num,) = _PROC_NUM.unpack_from(tail)
-        head = self._pread(candidate.body_size(clamp_proc_num(proc_num)), 0)
+        slots = clamp_proc_num(proc_num)
+        head = self._pread(candidate.body_size(slots), 0)
+        # Change detection keeps the header/static prefix (~1.8 KB) and the used fields of
+        # the live slots as ints, not the whole ~17 KB head: a small per-container working
+        # set is what keeps a tick over thousands of containers fast.
         cache = self._cache
-        same_head = cache is not None and cache.size == size and cache.head == head
-        if cache is not None and same_head:
-            if cache.tail == tail:
-                # Same bytes as last time: same classification, same snapshot.
-                self._layout = cache.layout
-                return cache.snapshot
-            # Only the tail moved (recent_kernel decays every tick): keep the slot sums.
-            snapshot = parse_usage(cache.layout, size, head, tail, self._static, cache.totals)
-            self._cache = _ReadCache(size, head, tail, cache.layout, cache.totals, snapshot)
+        if cache is not None and cache.size == size and head.startswith(cache.prefix):
+            # head is exactly the live slots long, so the view below is exactly those slots
+            rows = list(cache.codec.iter_unpack(memoryview(head)[cache.layout.procs :]))
+            if rows == cache.rows:
+                if cache.tail != tail:
+                    # Only the tail moved (recent_kernel decays every tick): same sums.
+                    cache.tail = tail
+                    cache.snapshot = parse_usage(
+                        cache.layout, size, head, tail, cache.static, cache.totals
+                    )
+            else:
+                cache.rows = rows
+                cache.tail = tail
+                cache.totals = sum_rows(rows, cache.static)
+                cache.snapshot = parse_usage(
+                    cache.layout, size, head, tail, cache.static, cache.totals
+                )
             self._layout = cache.layout
-            return snapshot
+            return cache.snapshot
         layout = classify(size, head)
-        static_key = head[layout.num : layout.procs]
-        if self._static is None or self._static_key != static_key:
-            self._static = parse_static(layout, head)
-            self._static_key = static_key
-        totals = sum_slots(layout, head, clamp_proc_num(proc_num), self._static)
-        snapshot = parse_usage(layout, size, head, tail, self._static, totals)
-        self._cache = _ReadCache(size, head, tail, layout, totals, snapshot)
+        prefix = head[: layout.procs]
+        static = parse_static(layout, head)
+        if cache is not None and cache.static == static:
+            static = cache.static  # keep the objects (and identities) the view already has
+        rows = slot_rows(layout, head, slots, static.device_count)
+        totals = sum_rows(rows, static)
+        snapshot = parse_usage(layout, size, head, tail, static, totals)
+        self._cache = _ReadCache(size, prefix, tail, layout, static, rows, totals, snapshot)
         self._layout = layout
         return snapshot
 

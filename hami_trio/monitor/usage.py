@@ -48,6 +48,9 @@ __all__ = [
     "parse_static",
     "parse_usage",
     "read_tail",
+    "slot_rows",
+    "slot_struct",
+    "sum_rows",
     "sum_slots",
 ]
 
@@ -226,10 +229,24 @@ class SlotTotals:
     active_slots: int
 
 
-def _slot_struct(layout: Layout, device_count: int) -> struct.Struct:
+# (format, device_count) -> slot struct; at most 2 x 17 entries.
+_SLOT_STRUCTS: dict[tuple[Format, int], struct.Struct] = {}
+
+
+def slot_struct(layout: Layout, device_count: int) -> struct.Struct:
     """A ``struct`` spanning exactly one slot that picks, in offset order: per device below
     ``device_count`` the five ``used`` words (context, module, data, offset, total), then per
-    device ``sm_util``, then ``status``.  ``iter_unpack`` then reads every slot in C."""
+    device ``sm_util``, then ``status``.  ``iter_unpack`` then reads every slot in C.
+    Memoised per (format, device count): at most 2 x 17 of them."""
+    codec = _SLOT_STRUCTS.get((layout.format, device_count))
+    if codec is None:
+        codec = _SLOT_STRUCTS[(layout.format, device_count)] = _build_slot_struct(
+            layout, device_count
+        )
+    return codec
+
+
+def _build_slot_struct(layout: Layout, device_count: int) -> struct.Struct:
     picks: list[tuple[int, str]] = []
     for d in range(device_count):
         base = layout.slot_used + d * layout.used_stride
@@ -247,20 +264,13 @@ def _slot_struct(layout: Layout, device_count: int) -> struct.Struct:
     return struct.Struct(fmt)
 
 
-# (format, device_count) -> slot struct; at most 2 x 17 entries.
-_SLOT_STRUCTS: dict[tuple[Format, int], struct.Struct] = {}
-
-
-def sum_slots(
-    layout: Layout, head: bytes | bytearray | memoryview, slots: int, static: StaticInfo
-) -> SlotTotals:
-    """Sum memory and SM utilisation over slots ``[0, slots)`` whose status is not 0.
-
-    Args:
-        layout: the file's layout.
-        head: bytes from offset 0 through at least ``layout.body_size(slots)``.
-        slots: the clamped ``proc_num``.
-        static: :func:`parse_static` of the same head.
+def slot_rows(
+    layout: Layout, head: bytes | bytearray | memoryview, slots: int, device_count: int
+) -> list[tuple[int, ...]]:
+    """The fields the monitor uses from each of slots ``[0, slots)``, one tuple per slot:
+    per device below ``device_count`` (context, module, data, offset, total), then per
+    device ``sm_util``, then ``status`` (last).  A few hundred bytes of ints instead of the
+    ~2 KB slot, so the reader can keep them to detect change cheaply.
 
     Raises:
         ValueError: ``head`` is too short for ``slots`` slots.
@@ -268,13 +278,16 @@ def sum_slots(
     body_end = layout.body_size(slots)
     if len(head) < body_end:
         raise ValueError(f"head needs {body_end} bytes for {slots} slots, got {len(head)}")
+    codec = slot_struct(layout, device_count)
+    return list(codec.iter_unpack(memoryview(head)[layout.procs : body_end]))
+
+
+def sum_rows(rows: list[tuple[int, ...]], static: StaticInfo) -> SlotTotals:
+    """Sum :func:`slot_rows` over the slots whose status is not 0 (uint64, wrapping)."""
     count = static.device_count
-    codec = _SLOT_STRUCTS.get((layout.format, count))
-    if codec is None:
-        codec = _SLOT_STRUCTS[(layout.format, count)] = _slot_struct(layout, count)
-    rows = [row for row in codec.iter_unpack(memoryview(head)[layout.procs : body_end]) if row[-1]]
-    if rows:
-        sums = [sum(column) & _MASK64 for column in zip(*rows, strict=True)]
+    live = [row for row in rows if row[-1]]
+    if live:
+        sums = [sum(column) & _MASK64 for column in zip(*live, strict=True)]
     else:
         sums = [0] * (6 * count + 1)
     uuids, limits, sm_limits = static.uuids, static.limits, static.sm_limits
@@ -297,7 +310,24 @@ def sum_slots(
             for d in range(count)
         ]
     )
-    return SlotTotals(devices, len(rows))
+    return SlotTotals(devices, len(live))
+
+
+def sum_slots(
+    layout: Layout, head: bytes | bytearray | memoryview, slots: int, static: StaticInfo
+) -> SlotTotals:
+    """Sum memory and SM utilisation over slots ``[0, slots)`` whose status is not 0.
+
+    Args:
+        layout: the file's layout.
+        head: bytes from offset 0 through at least ``layout.body_size(slots)``.
+        slots: the clamped ``proc_num``.
+        static: :func:`parse_static` of the same head.
+
+    Raises:
+        ValueError: ``head`` is too short for ``slots`` slots.
+    """
+    return sum_rows(slot_rows(layout, head, slots, static.device_count), static)
 
 
 def parse_usage(
