@@ -16,26 +16,36 @@ from hami_trio.allocation import (
     configure_host_pid_broker,
     prepare_lock_parent,
 )
+from hami_trio.broker import BrokerConfig, BrokerHandle, serve_broker
+from hami_trio.broker.client import NoAnswer, query_host_pid
 from hami_trio.config import broker_switch_on, parse_bind_address, parse_go_duration
 from hami_trio.errors import (
     BrokerError,
     BrokerStartupError,
     CacheFileError,
+    CacheFileRejected,
     ConfigError,
     HamiTrioError,
     LockDirError,
     PodSourceError,
 )
+from hami_trio.monitor import Monitor, MonitorConfig, serve_monitor
 
 __all__ = [
+    "BrokerConfig",
     "BrokerError",
+    "BrokerHandle",
     "BrokerStartupError",
     "CacheFileError",
+    "CacheFileRejected",
     "ConfigError",
     "ContainerAllocateResponse",
     "HamiTrioError",
     "LockDirError",
+    "Monitor",
+    "MonitorConfig",
     "Mount",
+    "NoAnswer",
     "PodSourceError",
     "__version__",
     "allocate",
@@ -44,4 +54,7 @@ __all__ = [
     "parse_bind_address",
     "parse_go_duration",
     "prepare_lock_parent",
+    "query_host_pid",
+    "serve_broker",
+    "serve_monitor",
 ]

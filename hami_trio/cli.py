@@ -28,7 +28,12 @@ __all__ = ["build_parser", "main"]
 CommandFunc = Callable[[argparse.Namespace], int]
 
 # Modules that contribute subcommands, in the order they appear in --help.
-_COMMAND_MODULES: tuple[str, ...] = ("hami_trio.allocation.cli",)
+_COMMAND_MODULES: tuple[str, ...] = (
+    "hami_trio.broker.cli",
+    "hami_trio.broker.client_cli",
+    "hami_trio.allocation.cli",
+    "hami_trio.monitor.cli",
+)
 
 
 class _Registrar(Protocol):

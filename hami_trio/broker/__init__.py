@@ -1,1 +1,13 @@
-"""broker subpackage."""
+"""The host PID broker: tells each process its PID in the host PID namespace.
+
+``protocol`` is the sans-I/O wire codec, ``paths`` the filesystem boundary (directory, lock,
+socket), ``server`` the trio server, ``cli`` the ``hami-trio broker`` command.  This package
+re-exports what the agent and library users need to run one.
+"""
+
+from __future__ import annotations
+
+from hami_trio.broker.paths import DEFAULT_SOCKET_PATH
+from hami_trio.broker.server import BrokerConfig, BrokerHandle, serve_broker
+
+__all__ = ["DEFAULT_SOCKET_PATH", "BrokerConfig", "BrokerHandle", "serve_broker"]

@@ -1,0 +1,187 @@
+"""``hami-trio broker``: foreground run, signals, start-up refusals, flag errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+from hami_trio.broker.cli import parse_deadline, run_broker
+from hami_trio.broker.protocol import VALID_REQUEST, encode_response
+from hami_trio.broker.server import BrokerConfig
+from hami_trio.cli import build_parser, main
+from hami_trio.errors import BrokerStartupError, ConfigError
+from tests.broker.wire import exchange, present, read_to_eof, send_now
+
+
+def start_broker(socket_path: Path, *extra: str) -> subprocess.Popen[str]:
+    """``python -m hami_trio broker`` in the background; returns once it listens."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hami_trio", "broker", "--socket-path", str(socket_path), *extra],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    if "broker listening on" not in line:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"broker did not start: {line}{proc.stderr.read()}")
+    return proc
+
+
+def blocking_exchange(path: Path) -> bytes:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(10)
+        sock.connect(str(path))
+        sock.sendall(VALID_REQUEST)
+        data = b""
+        while chunk := sock.recv(64):
+            data += chunk
+        return data
+
+
+def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    try:
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        proc.wait()
+    return proc.returncode, stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_runs_in_foreground_and_stops_cleanly_on_signal(socket_path: Path, signum: int) -> None:
+    proc = start_broker(socket_path, "--max-exchanges", "16", "--exchange-deadline", "250ms")
+    try:
+        assert blocking_exchange(socket_path) == encode_response(os.getpid())
+        proc.send_signal(signum)
+        returncode, stderr = finish(proc)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert returncode == 0
+    assert "broker stopped (1 exchanges served)" in stderr
+    assert not socket_path.exists()
+    assert (socket_path.parent / "broker.lock").exists()  # the lock file stays; it is unlocked
+
+
+def test_startup_refusal_is_one_clear_line(socket_path: Path) -> None:
+    socket_path.parent.mkdir(mode=0o711)
+    socket_path.write_text("data")
+    proc = subprocess.run(
+        [sys.executable, "-m", "hami_trio", "broker", "--socket-path", str(socket_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr == (
+        f"hami-trio broker: {socket_path}: path is a regular file, not a socket; "
+        "refusing to replace it\n"
+    )
+    assert socket_path.read_text() == "data"
+
+
+def test_second_broker_is_refused_and_first_keeps_running(socket_path: Path) -> None:
+    first = start_broker(socket_path)
+    try:
+        second = subprocess.run(
+            [sys.executable, "-m", "hami_trio", "broker", "--socket-path", str(socket_path)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert second.returncode == 1
+        assert second.stderr.strip() == (
+            f"hami-trio broker: {socket_path.parent / 'broker.lock'}: lock is held: "
+            "another broker is running"
+        )
+        assert blocking_exchange(socket_path) == encode_response(os.getpid())
+        first.terminate()
+        assert finish(first)[0] == 0
+    finally:
+        first.kill()
+        first.wait()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-exchanges", "many"], "--max-exchanges must be an integer, got 'many'"),
+        (["--max-exchanges", "0"], "max_exchanges must be at least 1, got 0"),
+        (["--exchange-deadline", "0"], "--exchange-deadline must be a positive duration"),
+        (["--exchange-deadline", "soon"], "--exchange-deadline"),
+        (["--log-level", "chatty"], "--log-level: unknown log level 'chatty'"),
+    ],
+)
+def test_bad_flags_exit_2(
+    socket_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    assert main(["broker", "--socket-path", str(socket_path), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hami-trio broker: ")
+    assert message in err
+    assert not socket_path.parent.exists()  # refused before touching anything
+
+
+def test_broker_is_a_registered_command() -> None:
+    args = build_parser().parse_args(["broker"])
+    assert args.socket_path == Path("/var/run/hami/hostpid/broker.sock")
+    assert args.max_exchanges == "4096"
+    assert args.exchange_deadline == "0.5"
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("0.5", 0.5), ("2", 2.0), ("500ms", 0.5), ("1m", 60.0), ("1.5s", 1.5)]
+)
+def test_parse_deadline(text: str, seconds: float) -> None:
+    assert parse_deadline(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "-1s", "inf", "nan", "0s", "soon", ""])
+def test_parse_deadline_rejects(text: str) -> None:
+    with pytest.raises(ConfigError, match="exchange-deadline"):
+        parse_deadline(text)
+
+
+# -- run_broker in this process: signals drive the shutdown --------------------------------------
+
+
+async def test_first_signal_drains_second_cancels(socket_path: Path) -> None:
+    config = BrokerConfig(socket_path=socket_path, exchange_deadline=30)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_broker, config)
+            for _ in range(1000):
+                if present(socket_path):
+                    break
+                await trio.sleep(0.01)
+            assert await exchange(socket_path) == encode_response(os.getpid())
+            slow = send_now(socket_path, VALID_REQUEST[:3])
+            await trio.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGTERM)
+            await trio.sleep(0.05)
+            assert not present(socket_path)  # stopped accepting at once
+            start = time.monotonic()
+            os.kill(os.getpid(), signal.SIGINT)  # do not wait for the 30 s deadline
+        assert time.monotonic() - start < 5
+    with slow:
+        assert await read_to_eof(slow) == b""
+
+
+async def test_run_broker_raises_startup_refusal(socket_path: Path) -> None:
+    socket_path.parent.mkdir(mode=0o711)
+    os.mkfifo(socket_path.parent / "broker.lock", 0o600)
+    with pytest.raises(BrokerStartupError, match="not a regular file"):
+        await run_broker(BrokerConfig(socket_path=socket_path))
