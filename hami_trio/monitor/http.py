@@ -32,14 +32,16 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol, cast
 from urllib.parse import parse_qs
 
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.registry import Collector
 
 from hami_trio.config import BindAddress
 from hami_trio.errors import HttpServerError
@@ -47,9 +49,11 @@ from hami_trio.errors import HttpServerError
 __all__ = [
     "ASGIApp",
     "ReadinessCheck",
+    "SelfRendering",
     "make_app",
     "open_listen_socket",
     "progress_check",
+    "render_metrics",
     "serve_http",
 ]
 
@@ -65,15 +69,66 @@ _Send = Callable[[Mapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[_Scope, _Receive, _Send], Awaitable[None]]
 
 _TEXT: Final = b"text/plain; charset=utf-8"
+_EOF: Final = "# EOF\n"
+
+
+class SelfRendering(Protocol):
+    """A metric family that writes its own exposition text (see ``metrics.FastGauge``).
+
+    The text must be valid in both the Prometheus text format and OpenMetrics (true for
+    gauges: ``# HELP``, ``# TYPE`` and ``name{labels} value`` lines).
+    """
+
+    def exposition(self) -> str:
+        """The family's lines, each ending in a newline."""
+        ...
+
+
+class _OneFamily:
+    """A collector of one family, to render it with prometheus-client's encoders."""
+
+    def __init__(self, family: Metric) -> None:
+        self._family = family
+
+    def collect(self) -> list[Metric]:
+        return [self._family]
+
+
+def render_metrics(registry: CollectorRegistry, accept: str, names: list[str]) -> tuple[bytes, str]:
+    """The registry's exposition in the format ``accept`` asks for.
+
+    prometheus-client's ``choose_encoder`` picks the format.  Families that render
+    themselves (:class:`SelfRendering`) are written directly; every other family goes through
+    prometheus-client's encoder, so the output is what ``generate_latest`` would give, only
+    faster.  With ``names`` (``name[]``) the registry is restricted and rendered the plain way.
+
+    Returns:
+        The body and its content type.
+    """
+    encoder, content_type = choose_encoder(accept)
+    if names:
+        return encoder(registry.restricted_registry(names)), content_type
+    openmetrics = content_type.startswith("application/openmetrics-text")
+    parts: list[str] = []
+    for family in registry.collect():
+        exposition = getattr(family, "exposition", None)
+        if exposition is not None:
+            parts.append(cast(SelfRendering, family).exposition())
+            continue
+        text = encoder(cast(Collector, _OneFamily(family))).decode("utf-8")
+        if openmetrics and text.endswith(_EOF):
+            text = text[: -len(_EOF)]
+        parts.append(text)
+    if openmetrics:
+        parts.append(_EOF)
+    return "".join(parts).encode("utf-8"), content_type
 
 
 def _render(
     registry: CollectorRegistry, accept: str, encoding: str, names: list[str]
 ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     """Render the registry (runs in a worker thread)."""
-    encoder, content_type = choose_encoder(accept)
-    source = registry.restricted_registry(names) if names else registry
-    body = encoder(source)
+    body, content_type = render_metrics(registry, accept, names)
     headers = [(b"content-type", content_type.encode())]
     if gzip_accepted(encoding):
         body = gzip.compress(body, compresslevel=1)  # fast: scrapes are frequent and local

@@ -21,6 +21,7 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from hami_trio.monitor.hostgpu import HostGpuSampler
+from hami_trio.monitor.http import render_metrics
 from hami_trio.monitor.metrics import BuildInfoCollector, VGpuCollector
 from hami_trio.monitor.podsource import PodInfo, StaticPodSource
 from tests.monitor.fake_nvml import FakeGpu, FakeNvml
@@ -276,13 +277,13 @@ def test_legacy_offset_wraps_as_uint64() -> None:
 
 def mig_pod(uid: str, annotation: object, **kwargs: object) -> PodInfo:
     value = annotation if isinstance(annotation, str) else json.dumps(annotation)
-    return hami_pod(
-        uid,
-        init_containers=("init",),
-        containers=("main-a", "main-b"),
-        annotations={"hami.io/vgpu-mig-allocations": value},
-        **kwargs,
-    )
+    fields: dict[str, object] = {
+        "init_containers": ("init",),
+        "containers": ("main-a", "main-b"),
+        "annotations": {"hami.io/vgpu-mig-allocations": value},
+    }
+    fields.update(kwargs)
+    return hami_pod(uid, **fields)
 
 
 def allocation(container: int, device: int, *, realised: bool = True) -> dict[str, object]:
@@ -437,7 +438,7 @@ def _full_output(legacy: bool) -> str:
     registry = CollectorRegistry()
     registry.register(mig)
     registry.register(BuildInfoCollector())
-    return generate_latest(registry).decode()
+    return render_metrics(registry, "", [])[0].decode()  # what the endpoint serves
 
 
 LEGACY_CAMEL_CASE = {
@@ -492,3 +493,54 @@ def test_openmetrics_rendering_parses() -> None:
     text = scrape(collector(monitor, [hami_pod()], legacy=True), openmetrics=True)
     names = {f.name for f in parse_openmetrics(text)}
     assert {"hami_vgpu_memory_used_bytes", "Device_memory_desc_of_container"} <= names
+
+
+def _samples_of(families: object) -> set[tuple[str, frozenset[tuple[str, str]], float]]:
+    # Values as float64, as Prometheus reads them (the fast path writes integers exactly).
+    return {
+        (s.name, frozenset(s.labels.items()), float(s.value))
+        for family in families  # type: ignore[attr-defined]
+        for s in family.samples
+    }
+
+
+@pytest.mark.parametrize("openmetrics", [False, True], ids=["text", "openmetrics"])
+def test_fast_rendering_equals_prometheus_client(openmetrics: bool) -> None:
+    """The endpoint's self-rendered families parse to exactly what prometheus-client writes,
+    including label values a tenant controls (the UUID bytes of its file)."""
+    from prometheus_client import Counter, Histogram
+
+    hostile = 'GPU-"q"\\b\nc{}=,'
+    devices = (FakeDevice(0), FakeDevice(1, FakeUUID(hostile), memory_total=(1 << 64) - 1))
+    snap = FakeSnapshot(devices, recent_kernel=-1, last_kernel_time=NOW - 3)
+    monitor = FakeMonitor([FakeContainer("uid-1", "worker", snap)])
+    registry = CollectorRegistry()
+    registry.register(
+        collector(
+            monitor, [mig_pod("uid-1", [allocation(1, 0)], containers=("worker",))], legacy=True
+        )
+    )
+    registry.register(BuildInfoCollector())
+    Counter("test_requests", "requests", ["code"], registry=registry).labels("200").inc(3)
+    Histogram("test_seconds", "latency", registry=registry).observe(0.2)
+    if openmetrics:
+        accept = "application/openmetrics-text;version=1.0.0"
+        body, content_type = render_metrics(registry, accept, [])
+        assert content_type.startswith("application/openmetrics-text")
+        assert body.endswith(b"# EOF\n")
+        assert body.count(b"# EOF") == 1
+        fast = _samples_of(parse_openmetrics(body.decode()))
+        slow = _samples_of(parse_openmetrics(generate_openmetrics(registry).decode()))
+    else:
+        body, content_type = render_metrics(registry, "", [])
+        assert content_type == "text/plain; version=0.0.4; charset=utf-8"
+        fast = _samples_of(text_string_to_metric_families(body.decode()))
+        slow = _samples_of(text_string_to_metric_families(generate_latest(registry).decode()))
+    assert fast == slow
+    assert any(dict(labels).get("device_uuid") == hostile for _, labels, _ in fast)
+    assert len(fast) > 30
+    # name[] filtering goes through prometheus-client and still works.
+    filtered, _ = render_metrics(registry, "", ["hami_vgpu_memory_used_bytes"])
+    assert {f.name for f in text_string_to_metric_families(filtered.decode())} == {
+        "hami_vgpu_memory_used_bytes"
+    }
