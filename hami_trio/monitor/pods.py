@@ -14,8 +14,8 @@ client-go's reflector:
   relist, and the new list replaces the set, so nothing is lost or duplicated;
 - connection errors, TLS errors and other HTTP errors back off exponentially with jitter
   (capped) and retry; the last known pod set stays as it is, but the source stops being
-  *authoritative* until the watch is connected again, so the lister deletes nothing for pods
-  it might have missed.
+  *authoritative* until the resumed watch has delivered an event or a bookmark (or a new
+  list succeeded), so the lister deletes nothing for pods it might have missed.
 
 The source is *ready* after the first successful list and stays ready (a node whose API
 server is briefly unreachable must keep serving metrics); ``hami_trio_pod_watch_synced`` shows
@@ -726,7 +726,10 @@ class _Watcher:
                     if response.status == 410 or code == 410:
                         raise _Relist(f"watch expired (HTTP 410 {message})")
                     raise _Retry(f"HTTP {response.status} {message}".rstrip())
-                self._source._set_connected(True)
+                # After a failure the source is authoritative again only once the resumed
+                # watch delivered something (an event or a bookmark): events missed during
+                # the outage are replayed first, and until then an unknown pod may only be
+                # one we have not heard about yet.  A clean resume keeps the state as is.
                 while True:
                     line = await _aio(response.content.readline)
                     if not line:
@@ -736,6 +739,8 @@ class _Watcher:
                     self._handle(line)
                     events += 1
                     self._backoff.reset()
+                    if not self._source.authoritative:
+                        self._source._set_connected(True)
             finally:
                 response.close()
         except _TRANSIENT as exc:

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -29,12 +30,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hami_trio.config import BindAddress
 from hami_trio.monitor.builder import MemoryUse, ProcSlot, RegionSpec, UtilUse, write_region
+from hami_trio.monitor.hostgpu import HostGpuSampler
 from hami_trio.monitor.http import serve_http
 from hami_trio.monitor.loop import Monitor, MonitorConfig, serve_monitor
 from hami_trio.monitor.metrics import BuildInfoCollector, VGpuCollector
 from hami_trio.monitor.pods import KubeAccess, KubernetesPodSource, serve_pod_watch
 from hami_trio.monitor.podsource import PodSource, StaticPodSource
 from tests.monitor.fake_kube import FakeKubeApi
+from tests.monitor.fake_nvml import FakeGpu, FakeNvml
 from tests.monitor.promlint import lint
 from tests.monitor.test_pods import FAST, write_kubeconfig
 
@@ -124,6 +127,7 @@ async def start_stack(
     legacy: bool = False,
     interval: float = 60.0,
     all_pods: object = None,
+    host: HostGpuSampler | None = None,
 ) -> tuple[Monitor, int]:
     registry = CollectorRegistry()
     registry.register(BuildInfoCollector())
@@ -141,6 +145,7 @@ async def start_stack(
             kubernetes=kubernetes,
             all_pods=all_pods,  # type: ignore[arg-type]
             legacy=legacy,
+            host=host,
             wall_clock=lambda: NOW,
         )
     )
@@ -228,6 +233,27 @@ async def test_scrape_equals_fixture_aggregates(
     assert (expected["total"], expected["sm"]) == (3000, 50)  # the fixture is what we think
     legacy_camel_case = {"vGPU_device_memory_usage_in_bytes", "vGPU_device_memory_limit_in_bytes"}
     assert {p.metric for p in lint(text)} == (legacy_camel_case if legacy else set())
+
+
+async def test_host_gpu_metrics_from_worker_threads_only(nursery: trio.Nursery, hook: Path) -> None:
+    nvml = FakeNvml(gpus=[FakeGpu(name="H100 80GB HBM3", uuid="GPU-host-0", memory_used=4096)])
+    _, port = await start_stack(
+        nursery, hook, StaticPodSource(), kubernetes=False, host=HostGpuSampler(nvml)
+    )
+    _, text = await get(port)
+    rows = [(n, dict(ls), v) for n, ls, v in series(text) if n.startswith("hami_host_gpu")]
+    host = {
+        "device_index": "0",
+        "device_uuid": "GPU-host-0",
+        "device_type": "NVIDIA-H100 80GB HBM3",
+    }
+    assert sorted(rows, key=lambda r: r[0]) == [
+        ("hami_host_gpu_memory_controller_utilization_ratio", host | {"zone": "vGPU"}, 12.0),
+        ("hami_host_gpu_memory_used_bytes", host | {"node": "node-a", "zone": "vGPU"}, 4096.0),
+        ("hami_host_gpu_utilization_ratio", host | {"node": "node-a", "zone": "vGPU"}, 37.0),
+    ]
+    assert nvml.threads
+    assert threading.get_ident() not in nvml.threads  # never on the trio thread
 
 
 async def test_wrapping_legacy_offset_over_http(nursery: trio.Nursery, hook: Path) -> None:

@@ -495,6 +495,26 @@ async def test_outage_keeps_pods_backs_off_and_recovers(
     assert registry.get_sample_value("hami_trio_pod_watch_synced") == 1
 
 
+async def test_authority_returns_only_with_news_from_the_resumed_watch(
+    nursery: trio.Nursery, fake: FakeKubeApi, access: KubeAccess
+) -> None:
+    fake.add_pod("a")
+    source = await start_watch(nursery, access)
+    await wait_until(lambda: fake.open_watches == 1)
+    port = fake.port
+    fake.stop()
+    await wait_until(lambda: not source.authoritative)
+    await nursery.start(partial(fake.serve, port=port))
+    await wait_until(lambda: fake.open_watches == 1)
+    await trio.sleep(0.1)
+    # Connected, but nothing replayed yet: a pod created during the outage could still be
+    # on its way, so the lister must not treat unknown pods as gone.
+    assert not source.authoritative
+    fake.bookmark()
+    await wait_until(lambda: source.authoritative)
+    assert source.relists == 0
+
+
 async def test_error_responses_back_off(
     nursery: trio.Nursery, fake: FakeKubeApi, access: KubeAccess
 ) -> None:
@@ -512,6 +532,8 @@ async def test_error_responses_back_off(
     assert 1 <= attempts <= 14
     assert pod_uids(source) == {uid}
     fake.fail_with(None)
+    await wait_until(lambda: fake.open_watches == 1)
+    fake.bookmark()  # a quiet node: authority comes back with the first bookmark
     await wait_until(lambda: source.authoritative)
     assert source.relists == 0
 
