@@ -15,15 +15,13 @@ into an injected registry.  Each scrape (in a worker thread, see
 It exports every container metric of HAMi's vGPUmonitor with the same names, help texts and
 labels, and the collector-wide ``zone="vGPU"`` label upstream adds with a wrapping registerer:
 
-===========================================  =====================================
-``hami_vgpu_memory_used_bytes``              sum of the slots' ``total`` per device
-``hami_vgpu_memory_limit_bytes``             ``limit[i]``
-``hami_container_device_memory_bytes``       sum of ``total`` (same value)
-``hami_container_device_utilization_ratio``  sum of ``sm_util``
-``hami_vgpu_memory_{context,module,buffer}_bytes``  sums of the slot fields
-``hami_container_last_kernel_elapsed_seconds``  ``now - last_kernel_time``, only if > 0
-``hami_mig_device_info``                     1 per realised MIG allocation
-===========================================  =====================================
+- ``hami_vgpu_memory_used_bytes``, ``hami_container_device_memory_bytes``: the sum of the
+  live slots' ``total`` per device;
+- ``hami_vgpu_memory_limit_bytes``: ``limit[i]``;
+- ``hami_container_device_utilization_ratio``: the sum of ``sm_util``;
+- ``hami_vgpu_memory_{context,module,buffer}_bytes``: the sums of those slot fields;
+- ``hami_container_last_kernel_elapsed_seconds``: ``now - last_kernel_time``, only if > 0;
+- ``hami_mig_device_info``: 1 per realised MIG allocation of the pod annotation.
 
 Container labels are ``namespace, pod, container, vdevice_index, device_uuid`` (the first 40
 bytes of the UUID field, NULs removed); devices whose UUID slot is unused or not UTF-8 are

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from functools import partial
@@ -102,8 +103,12 @@ def add_container(hook: Path, uid: str, name: str, spec: RegionSpec) -> Path:
 
 
 def _get(port: int, path: str = "/metrics") -> tuple[int, str]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=20) as reply:
-        return reply.status, reply.read().decode()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=20) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, error.read().decode()
 
 
 async def get(port: int, path: str = "/metrics") -> tuple[int, str]:
@@ -509,3 +514,58 @@ class trio_socket_bound:
 
     def __exit__(self, *exc: object) -> None:
         self._sock.close()
+
+
+async def test_monitor_command_with_kubernetes(nursery: trio.Nursery, hook: Path) -> None:
+    """The command's Kubernetes wiring: pod watch -> pod names, MIG rows and /readyz."""
+    fake = FakeKubeApi()
+    await nursery.start(fake.serve)
+    uid = fake.add_pod(
+        "trainer-0",
+        namespace="team-a",
+        containers=("main",),
+        labels={"hami.io/vgpu-node": "node-a"},
+    )
+    add_container(hook, uid, "main", fixture_spec())
+    add_container(hook, "not-a-pod-here", "main", fixture_spec())
+    kubeconfig = write_kubeconfig(hook.parent / "kc", f"http://127.0.0.1:{fake.port}")
+    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+    env |= {"NODE_NAME": "node-a", "KUBECONFIG": kubeconfig}
+    command = _monitor_command(hook, "--metrics-bind-address", "127.0.0.1:0")
+    proc = await trio.lowlevel.open_process(command, stderr=subprocess.PIPE, env=env)
+    output = bytearray()
+
+    async def drain() -> None:  # keep the pipe flowing so the child never blocks on a log line
+        assert proc.stderr is not None
+        while chunk := await proc.stderr.receive_some():
+            output.extend(chunk)
+
+    try:
+        async with trio.open_nursery() as inner:
+            inner.start_soon(drain)
+            with trio.fail_after(30):
+                while (match := re.search(rb"on 127\.0\.0\.1:(\d+)", output)) is None:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            port = int(match.group(1))
+            with trio.fail_after(30):
+                while True:
+                    status, body = await get(port, "/readyz")
+                    _, text = await get(port)
+                    if status == 200 and "trainer-0" in text:
+                        break
+                    await trio.sleep(0.05)
+            assert body == "[+]pod-watch ok\n[+]monitor ok\nreadyz check passed\n"
+            pods = {dict(ls)["pod"] for n, ls, _ in series(text) if n.startswith("hami_vgpu")}
+            assert pods == {"trainer-0"}  # the unknown pod UID is not exported
+            assert ("hami_trio_pod_watch_synced", frozenset(), 1.0) in series(text)
+            proc.send_signal(signal.SIGTERM)
+            with trio.fail_after(20):
+                await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            with trio.CancelScope(shield=True):
+                await proc.wait()
+        if proc.stderr is not None:
+            await proc.stderr.aclose()
+    assert proc.returncode == 0, output.decode()
