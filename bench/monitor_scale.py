@@ -62,6 +62,7 @@ MEASUREMENTS: list[Callable[[object], Awaitable[Figures]]] = []
 DEVICES = 2
 LIVE_SLOTS = 8
 GPUS_PER_NODE = 8
+SCRAPES = 101
 
 
 def _uid(i: int) -> str:
@@ -140,6 +141,75 @@ def environment() -> dict[str, str]:
 
 
 # -- child: one N, one process -----------------------------------------------------------
+
+
+async def scrape_latency(monitor: object) -> Figures:
+    """Scrape the warmed-up monitor's metrics over real HTTP ``SCRAPES`` times per variant."""
+    import urllib.request
+
+    import trio
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from hami_trio.config import BindAddress
+    from hami_trio.monitor.http import render_metrics, serve_http
+    from hami_trio.monitor.loop import Monitor
+    from hami_trio.monitor.metrics import BuildInfoCollector, VGpuCollector
+    from hami_trio.monitor.podsource import StaticPodSource
+
+    assert isinstance(monitor, Monitor)
+    registry = CollectorRegistry()
+    registry.register(BuildInfoCollector())
+    # Every container under its pod UID (the --no-kubernetes naming): all are exported.
+    registry.register(
+        VGpuCollector(monitor, StaticPodSource(), node_name="bench", kubernetes=False)
+    )
+
+    def fetch(url: str, headers: dict[str, str]) -> tuple[float, int]:
+        start = time.perf_counter()
+        request = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            size = len(reply.read())
+        return time.perf_counter() - start, size
+
+    def in_process(render: Callable[[], object]) -> float:
+        samples = []
+        for _ in range(11):
+            start = time.perf_counter()
+            render()
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples) * 1e3
+
+    figures: Figures = {
+        "render_ms": in_process(lambda: render_metrics(registry, "", [])),
+        "generate_latest_ms": in_process(lambda: generate_latest(registry)),
+    }
+    variants = {
+        "scrape": {},  # plain Prometheus text, uncompressed
+        # What a Prometheus server asks for: OpenMetrics, gzip.
+        "prom_scrape": {
+            "Accept": "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;q=0.1",
+            "Accept-Encoding": "gzip",
+        },
+    }
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(serve_http, BindAddress("127.0.0.1", 0), registry)
+        url = f"http://127.0.0.1:{bound.port}/metrics"
+        for prefix, headers in variants.items():
+            await trio.to_thread.run_sync(fetch, url, headers)  # warm-up
+            latencies = []
+            size = 0
+            for _ in range(SCRAPES):
+                seconds, size = await trio.to_thread.run_sync(fetch, url, headers)
+                latencies.append(seconds)
+            latencies.sort()
+            figures[f"{prefix}_median_ms"] = statistics.median(latencies) * 1e3
+            figures[f"{prefix}_p99_ms"] = latencies[round(0.99 * (len(latencies) - 1))] * 1e3
+            figures[f"{prefix}_bytes"] = float(size)
+        nursery.cancel_scope.cancel()
+    return figures
+
+
+MEASUREMENTS.append(scrape_latency)
 
 
 def child(hook: Path, n: int, ticks: int, mode: str) -> Figures:
@@ -267,6 +337,11 @@ def main() -> int:
             if "2000" in by_n:
                 ratio = by_n["2000"]["tick_median_ms"] / k["tick_median_ms"]
                 print(f"         N=2000 / N=1000 tick ratio {ratio:.2f} (<= 2.2)")
+            if "scrape_median_ms" in k:
+                print(
+                    f"         scrape median {k['scrape_median_ms']:.1f} ms, "
+                    f"p99 {k['scrape_p99_ms']:.1f} ms (<= 150)"
+                )
     return 0
 
 

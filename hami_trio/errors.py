@@ -16,6 +16,7 @@ __all__ = [
     "CacheFileRejected",
     "ConfigError",
     "HamiTrioError",
+    "HttpServerError",
     "LockDirError",
     "PodSourceError",
 ]
@@ -94,3 +95,12 @@ class CacheFileRejected(CacheFileError):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class HttpServerError(HamiTrioError):
+    """The metrics and health endpoint cannot listen on ``--metrics-bind-address``.
+
+    Raised at start-up, before the endpoint reports ready: the address is in use, not local,
+    needs privileges, or its host does not resolve.  Operator: pick a free address or stop the
+    other process; the agent exits 1.
+    """

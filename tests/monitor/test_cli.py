@@ -170,6 +170,7 @@ def test_monitor_needs_hook_path_and_a_pod_source(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("HOOK_PATH", raising=False)
+    monkeypatch.delenv("NODE_NAME", raising=False)
     assert main(["monitor", "--no-kubernetes"]) == 2
     assert "HOOK_PATH is not set" in capsys.readouterr().err
     assert main(["monitor", "--no-kubernetes", "--hook-path", str(tmp_path / "nope")]) == 2
@@ -205,6 +206,8 @@ def test_monitor_runs_in_the_foreground_and_stops_on_sigterm(tmp_path: Path) -> 
             "0.05",
             "--mig-lock-path",
             str(tmp_path / "mig" / "lock"),
+            "--metrics-bind-address",
+            "127.0.0.1:0",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
