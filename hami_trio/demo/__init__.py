@@ -1,0 +1,1 @@
+"""The local demo: the whole agent on one machine with simulated HAMi-core workloads."""
