@@ -15,6 +15,7 @@ __all__ = [
     "CacheFileError",
     "CacheFileRejected",
     "ConfigError",
+    "DemoError",
     "HamiTrioError",
     "HttpServerError",
     "LockDirError",
@@ -103,4 +104,14 @@ class HttpServerError(HamiTrioError):
     Raised at start-up, before the endpoint reports ready: the address is in use, not local,
     needs privileges, or its host does not resolve.  Operator: pick a free address or stop the
     other process; the agent exits 1.
+    """
+
+
+class DemoError(HamiTrioError):
+    """The local demo (``hami-trio demo``) could not run: a workload failed to start or
+    attach, or its sandbox could not be built.
+
+    Raised by :mod:`hami_trio.demo` before or while the workloads start; the message names the
+    workload and the reason (its log file holds the details).  User: run the demo as root, or
+    enable unprivileged user namespaces, or read the workload's log.
     """
