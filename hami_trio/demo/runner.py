@@ -470,6 +470,7 @@ async def _run(
                 record.agent_error = str(exc)
             finally:
                 guard.cancel_scope.cancel()
+                screen.update(record, record.latest(), time.monotonic())  # the last events
                 screen.close()
     _check_leftovers(record, paths)
 
