@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 import trio
 
 from hami_trio.daemon_config import AgentConfig, add_agent_arguments, check_host, resolve_config
-from hami_trio.errors import HamiTrioError
 from hami_trio.logs import configure_logging
 from hami_trio.process import freeze_startup_objects
 
@@ -52,7 +51,7 @@ def run_agent_process(config: AgentConfig, *, nvml: NvmlLibrary | None = None) -
 
     Raises:
         ConfigError: the hook directory does not exist.
-        HamiTrioError: a task could not start, or failed (logged with its traceback at debug).
+        HamiTrioError: a task could not start, or failed (its traceback is logged at debug).
     """
     from hami_trio.daemon import run_agent
 
@@ -61,11 +60,9 @@ def run_agent_process(config: AgentConfig, *, nvml: NvmlLibrary | None = None) -
     for warning in config.warnings:
         logger.warning("%s", warning, extra={"event": "config_warning"})
     freeze_startup_objects()
-    try:
-        trio.run(partial(run_agent, config, nvml=nvml))
-    except HamiTrioError as exc:
-        logger.debug("the agent failed", exc_info=exc)
-        raise
+    # A failing task's traceback is logged at debug level by serve_agent; the CLI prints the
+    # error itself as one line.
+    trio.run(partial(run_agent, config, nvml=nvml))
     return 0
 
 
