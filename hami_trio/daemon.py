@@ -33,8 +33,8 @@ Stopping.  :meth:`AgentHandle.request_stop` drains with a deadline (``shutdown_t
 broker stops accepting, removes its socket and lets its in-flight exchanges finish; the monitor
 finishes its current tick; then the pod watch, the endpoint and the NVML follower are
 cancelled.  If the drain overruns its deadline, what is left is cancelled.  :func:`run_agent`
-adds the process's signals: the first SIGTERM or SIGINT drains (or, before the agent is ready,
-cancels the start-up), a second one cancels everything at once.  Both end without an error.
+adds the process's signals: the first SIGTERM or SIGINT drains (during the start-up: once the
+start-up is done), a second one cancels everything at once.  Both end without an error.
 """
 
 from __future__ import annotations
@@ -402,30 +402,27 @@ async def run_agent(
 ) -> None:
     """:func:`serve_agent` driven by SIGTERM and SIGINT: what ``hami-trio run`` runs.
 
-    The first signal drains (before the agent is ready: cancels the start-up), a second one
-    cancels everything at once; either way this returns normally.  Signals are caught from
-    before the first task starts, so none can kill the process half-way.
+    The first signal drains (one that comes during the start-up lets it finish, then drains),
+    a second one cancels everything at once; either way this returns normally.  Signals are
+    caught from before the first task starts, so none can kill the process half-way.
 
     Raises:
         HamiTrioError: as :func:`serve_agent`.
     """
     failure: HamiTrioError | None = None
     handle: AgentHandle | None = None
+    stop_requested = False
+    what = (
+        "the current tick and the broker's in-flight exchanges"
+        if config.broker is not None
+        else "the current tick"
+    )
     with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         async with trio.open_nursery() as nursery:
-            starting = trio.CancelScope()
 
             def first(signum: int) -> None:
+                nonlocal stop_requested
                 name = signal_name(signum)
-                if handle is None:
-                    logger.info("%s before the agent was ready: stopping", name)
-                    starting.cancel()
-                    return
-                what = (
-                    "the current tick and the broker's in-flight exchanges"
-                    if handle.broker is not None
-                    else "the current tick"
-                )
                 logger.info(
                     "%s, stopping after %s (at most %gs; a second signal cancels at once)",
                     name,
@@ -433,7 +430,12 @@ async def run_agent(
                     config.shutdown_timeout,
                     extra={"event": "stopping", "signal": name},
                 )
-                handle.request_stop()
+                stop_requested = True
+                if handle is not None:
+                    handle.request_stop()
+                # Else the start-up finishes first (each of its steps is bounded: a broker
+                # probe, a kubeconfig load, one monitor tick, a bind), then the drain begins,
+                # so a signal means the same thing whenever it comes.
 
             def second(signum: int) -> None:
                 logger.warning(
@@ -455,14 +457,14 @@ async def run_agent(
                 nursery.cancel_scope.cancel()  # the signal relay's job is over
 
             nursery.start_soon(relay_signals, signals, first, second)
-            with starting:
-                try:
-                    handle = await nursery.start(agent)
-                except HamiTrioError as exc:
-                    failure = exc
-            if handle is None:
+            try:
+                handle = await nursery.start(agent)
+            except HamiTrioError as exc:
+                failure = exc
                 nursery.cancel_scope.cancel()
             else:
                 task_status.started(handle)
+                if stop_requested:
+                    handle.request_stop()
     if failure is not None:
         raise failure

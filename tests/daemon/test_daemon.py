@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -412,6 +413,28 @@ async def test_first_signal_drains_second_cancels(
     assert "SIGINT again: cancelling what is still running" in caplog.text
     with slow:
         assert await read_to_eof(slow) == b""
+
+
+@pytest.mark.usefixtures("restore_signals")
+async def test_a_signal_during_start_up_stops_once_started(
+    hook: Path, mig_lock: Path, socket_path: Path, nvml: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "hami_trio")
+    config = config_for(hook, mig_lock, socket_path=socket_path)
+    default = signal.getsignal(signal.SIGTERM)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(run_agent, config, nvml=nvml))
+            # Until run_agent catches the signal (its very first step): far from ready yet.
+            while signal.getsignal(signal.SIGTERM) is default:
+                await trio.lowlevel.checkpoint()
+            os.kill(os.getpid(), signal.SIGTERM)
+    messages = [record.getMessage() for record in caplog.records]
+    stopping = next(i for i, m in enumerate(messages) if m.startswith("SIGTERM, stopping"))
+    ready = next(i for i, m in enumerate(messages) if m.startswith("agent ready"))
+    stopped = next(i for i, m in enumerate(messages) if m.startswith("agent stopped"))
+    assert stopping < ready < stopped  # the start-up finished, then the usual drain
+    assert not present(socket_path)
 
 
 @pytest.mark.usefixtures("restore_signals")
