@@ -19,7 +19,10 @@ from hami_trio.allocation import (
 from hami_trio.broker import BrokerConfig, BrokerHandle, serve_broker
 from hami_trio.broker.client import NoAnswer, query_host_pid
 from hami_trio.config import broker_switch_on, parse_bind_address, parse_go_duration
+from hami_trio.daemon import AgentHandle, run_agent, serve_agent
+from hami_trio.daemon_config import AgentConfig, resolve_config
 from hami_trio.errors import (
+    AgentError,
     BrokerError,
     BrokerStartupError,
     CacheFileError,
@@ -32,6 +35,9 @@ from hami_trio.errors import (
 from hami_trio.monitor import Monitor, MonitorConfig, serve_monitor
 
 __all__ = [
+    "AgentConfig",
+    "AgentError",
+    "AgentHandle",
     "BrokerConfig",
     "BrokerError",
     "BrokerHandle",
@@ -55,6 +61,9 @@ __all__ = [
     "parse_go_duration",
     "prepare_lock_parent",
     "query_host_pid",
+    "resolve_config",
+    "run_agent",
+    "serve_agent",
     "serve_broker",
     "serve_monitor",
 ]

@@ -29,6 +29,7 @@ CommandFunc = Callable[[argparse.Namespace], int]
 
 # Modules that contribute subcommands, in the order they appear in --help.
 _COMMAND_MODULES: tuple[str, ...] = (
+    "hami_trio.daemon_cli",
     "hami_trio.broker.cli",
     "hami_trio.broker.client_cli",
     "hami_trio.allocation.cli",

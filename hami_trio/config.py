@@ -11,6 +11,7 @@ All functions here are pure: they take strings and return values.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ __all__ = [
     "broker_switch_on",
     "parse_bind_address",
     "parse_go_duration",
+    "parse_seconds",
 ]
 
 #: The environment variable that turns the host PID broker (server and client) on.
@@ -92,6 +94,31 @@ def parse_go_duration(text: str, *, name: str = "duration") -> float:
         total += float(match.group(1)) * _UNITS[match.group(2)]
         pos = match.end()
     return sign * total
+
+
+def parse_seconds(text: str, *, name: str) -> float:
+    """Parse a positive duration written as seconds (``0.5``) or as a Go duration (``500ms``).
+
+    hami-trio's own duration flags accept both: plain seconds are what Python users write,
+    Go durations what HAMi's operators copy from its configuration.
+
+    Args:
+        text: the value as the operator wrote it.
+        name: the flag or variable it came from, used in the error message.
+
+    Returns:
+        The duration in seconds, finite and above 0.
+
+    Raises:
+        ConfigError: neither spelling, or not a positive, finite duration.
+    """
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = parse_go_duration(text, name=name)
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigError(f"{name} must be a positive duration, got {text!r}")
+    return seconds
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ caller handles per item; they never take the agent down.
 from __future__ import annotations
 
 __all__ = [
+    "AgentError",
     "BrokerError",
     "BrokerStartupError",
     "CacheFileError",
@@ -105,6 +106,24 @@ class HttpServerError(HamiTrioError):
     needs privileges, or its host does not resolve.  Operator: pick a free address or stop the
     other process; the agent exits 1.
     """
+
+
+class AgentError(HamiTrioError):
+    """A task of the agent (``hami-trio run``) failed, and with it the whole agent.
+
+    Raised by :func:`hami_trio.daemon.serve_agent` when a task fails after the agent started
+    (the broker's accept loop, the monitor, the pod watch, the metrics endpoint, ...), or
+    fails to start with an error that is not already a :class:`HamiTrioError`.  Every other
+    task has been cancelled and cleaned up (the broker's socket removed) before it is raised.
+    ``task`` names the task, ``started`` says whether it had reported ready, and the task's
+    own exception is the ``__cause__``.  Operator: read the cause; Kubernetes restarts the
+    agent (its exit status is 1).
+    """
+
+    def __init__(self, task: str, message: str, *, started: bool) -> None:
+        super().__init__(message)
+        self.task = task
+        self.started = started
 
 
 class DemoError(HamiTrioError):

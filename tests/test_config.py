@@ -8,6 +8,7 @@ from hami_trio.config import (
     broker_switch_on,
     parse_bind_address,
     parse_go_duration,
+    parse_seconds,
 )
 from hami_trio.errors import ConfigError
 
@@ -87,3 +88,17 @@ def test_bind_address_rejects(text: str) -> None:
 def test_bind_address_str_round_trips() -> None:
     for text in (":9394", "127.0.0.1:80", "[::1]:9394"):
         assert str(parse_bind_address(text)) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("0.5", 0.5), ("2", 2.0), ("500ms", 0.5), ("1m", 60.0), ("1h1s", 3601.0)]
+)
+def test_seconds_accept_plain_seconds_or_go_durations(text: str, seconds: float) -> None:
+    assert parse_seconds(text, name="--interval") == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "-1s", "inf", "nan", "0s", "soon", "", "1e999"])
+def test_seconds_must_be_positive_and_finite(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"^--interval") as info:
+        parse_seconds(text, name="--interval")
+    assert repr(text) in str(info.value)

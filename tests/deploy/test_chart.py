@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 
 import hami_trio
+from hami_trio.cli import build_parser
+from hami_trio.daemon_config import resolve_config
 
 try:
     import helm_python as helm
@@ -48,23 +50,23 @@ BROKER_ON = {"devicePlugin": {"hostPIDBroker": {"enabled": True}}}
 BROKER_ON_HOSTPID_OFF = {"devicePlugin": {"hostPID": False, "hostPIDBroker": {"enabled": True}}}
 HOSTPID_REFUSAL = "devicePlugin.hostPIDBroker.enabled=true requires devicePlugin.hostPID=true"
 
-# The flags of `hami-trio run` as issue 7 names them (the daemon implements them); the chart
-# must pass nothing else.  Integration replaces this list by the real parser's.
-ISSUE_7_RUN_FLAGS = frozenset(
-    {
-        "--metrics-bind-address",
-        "--legacy-metrics",
-        "--broker-socket-path",
-        "--broker-max-exchanges",
-        "--broker-exchange-deadline",
-        "--interval",
-        "--mig-lock-path",
-        "--no-kubernetes",
-        "--log-format",
-        "--log-level",
-        "--print-config",
-    }
-)
+
+def run_flags() -> frozenset[str]:
+    """Every flag ``hami-trio run``'s real parser accepts (long options only)."""
+    (run,) = [
+        parser
+        for action in build_parser()._subparsers._group_actions  # type: ignore[union-attr]
+        for name, parser in getattr(action, "choices", {}).items()
+        if name == "run"
+    ]
+    return frozenset(
+        option
+        for action in run._actions
+        for option in action.option_strings
+        if option.startswith("--") and option != "--help"
+    )
+
+
 AGENT_ENV = frozenset(
     {
         "NODE_NAME",
@@ -287,10 +289,30 @@ def test_agent_command_flags_and_environment(chart: Any) -> None:
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_only_flags_and_env_the_agent_knows(chart: Any, scenario: str) -> None:
     container = agent(render(chart, SCENARIOS[scenario]))
+    assert container["command"] == ["hami-trio", "run"]
+    flags = run_flags()
     for arg in container["args"]:
-        assert arg.split("=", 1)[0] in ISSUE_7_RUN_FLAGS, arg
+        # Spelled out in full: argparse would also take an abbreviation.
+        assert arg.split("=", 1)[0] in flags, arg
     extra = {e["name"] for e in SCENARIOS[scenario].get("extraEnv", [])}
     assert set(env_of(container)) - extra <= AGENT_ENV
+
+    # What the agent makes of it: the real parser and resolve_config, with the pod's
+    # environment (NODE_NAME from the downward API, the in-cluster API variables).
+    args = build_parser().parse_args(["run", *container["args"]])
+    env = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    for name, entry in env_of(container).items():
+        env[name] = entry.get("value", "node-a")
+    config = resolve_config(args, env)
+    assert config.warnings == ()
+    assert config.node_name == "node-a"
+    assert config.kubernetes is not None
+    broker_on = SCENARIOS[scenario].get("devicePlugin", {}).get("hostPIDBroker", {})
+    if broker_on.get("enabled"):
+        assert config.broker is not None
+        assert config.broker.socket_path == Path(BROKER_DIR) / "broker.sock"
+    else:
+        assert config.broker is None
 
 
 def test_host_paths_follow_the_values(chart: Any) -> None:
@@ -424,6 +446,10 @@ SMUGGLED: list[tuple[dict[str, Any], str]] = [
     ({"extraEnv": [{"name": "HOOK_PATH", "value": "/x"}]}, "set HOOK_PATH"),
     ({"extraArgs": ["--log-level=debug"]}, "pass --log-level"),
     ({"extraArgs": ["--broker-socket-path=/x.sock"]}, "pass --broker-socket-path"),
+    # Flags that would override what the chart sets through the environment (and mounts).
+    ({"extraArgs": ["--hook-path=/x"]}, "pass --hook-path"),
+    ({"extraArgs": ["--node-name=other"]}, "pass --node-name"),
+    ({"extraArgs": ["--resync-interval=1m"]}, "pass --resync-interval"),
 ]
 
 

@@ -1,11 +1,15 @@
-"""deploy/grafana/hami-trio.json: valid Grafana structure, and only metric names we document.
+"""deploy/grafana/hami-trio.json: valid Grafana structure, and only metric names the agent exports.
 
 A renamed metric would silently empty a panel, so every metric name in every PromQL
-expression (panel targets and template variable queries) must be one of the names the agent
-documents: HAMi's upstream-compatible names (docs UPSTREAM.md) and hami-trio's own (the metric
-contract between the broker, monitor and metrics work), kept below as ``DOCUMENTED_METRICS``.
-Histograms may be used through their ``_bucket``/``_sum``/``_count`` series.  At integration
-a second test checks the same names against the running agent's registry.
+expression (panel targets and template variable queries) must be one the agent really
+exports.  The names are not a list kept by hand: a module fixture runs the agent in this
+process exactly as ``hami-trio run`` assembles it (:func:`hami_trio.daemon.serve_agent`: the
+broker on, the pod watch against the fake API server of tests/monitor/fake_kube.py, the
+monitor over a v1 ``.cache`` file written by :mod:`hami_trio.monitor.builder` for a pod that
+has a MIG allocation, a fake NVML with one GPU), scrapes its ``/metrics`` and collects every
+family and sample name.  Histograms are used through their ``_bucket``/``_sum``/``_count``
+series and counters through ``_total``, which is what the scrape contains.  Only the default
+names count (no ``--legacy-metrics``): the dashboard must work with the default settings.
 
 The PromQL reader here is deliberately small: it removes strings, label matchers, range
 selectors, grouping clauses and Grafana variables, then every identifier that is not a
@@ -16,55 +20,140 @@ shapes the dashboard uses and flags an unknown one.
 from __future__ import annotations
 
 import json
+import os
 import re
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from hami_trio.broker.protocol import encode_response
+from hami_trio.cli import build_parser
+from hami_trio.daemon import AgentHandle, serve_agent
+from hami_trio.daemon_config import resolve_config
+from hami_trio.monitor.builder import MemoryUse, ProcSlot, RegionSpec, UtilUse, write_region
+from tests.broker.wire import exchange
+from tests.daemon.agent import http_get
+from tests.monitor.fake_kube import FakeKubeApi
+from tests.monitor.fake_nvml import FakeGpu, FakeNvml
+from tests.monitor.test_pods import write_kubeconfig
+from tests.sandbox import world_readable_dir
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "hami-trio.json"
-
-# name -> type.  Upstream (HAMi vGPUmonitor, all gauges) first, then hami-trio's own.
-DOCUMENTED_METRICS: dict[str, str] = {
-    "hami_host_gpu_memory_used_bytes": "gauge",
-    "hami_host_gpu_utilization_ratio": "gauge",
-    "hami_host_gpu_memory_controller_utilization_ratio": "gauge",
-    "hami_vgpu_memory_used_bytes": "gauge",
-    "hami_vgpu_memory_limit_bytes": "gauge",
-    "hami_container_device_memory_bytes": "gauge",
-    "hami_container_device_utilization_ratio": "gauge",
-    "hami_vgpu_memory_context_bytes": "gauge",
-    "hami_vgpu_memory_module_bytes": "gauge",
-    "hami_vgpu_memory_buffer_bytes": "gauge",
-    "hami_container_last_kernel_elapsed_seconds": "gauge",
-    "hami_mig_device_info": "gauge",
-    "hami_trio_broker_exchanges_total": "counter",
-    "hami_trio_broker_exchanges_in_flight": "gauge",
-    "hami_trio_broker_exchange_duration_seconds": "histogram",
-    "hami_trio_monitor_tick_duration_seconds": "histogram",
-    "hami_trio_monitor_containers": "gauge",
-    "hami_trio_monitor_files_rejected_total": "counter",
-    "hami_trio_monitor_mig_paused": "gauge",
-    "hami_trio_container_blocked": "gauge",
-    "hami_trio_pod_watch_synced": "gauge",
-    "hami_trio_pod_watch_relists_total": "counter",
-    "hami_build_info": "gauge",
-}
-# Series that carry the tenant's namespace/pod labels: panels must apply the pod selector.
-POD_SCOPED = frozenset(
+GPU = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
+# Families the agent exports only in some states; the fixture reaches each of them.
+STATEFUL = frozenset(
     {
-        "hami_vgpu_memory_used_bytes",
-        "hami_vgpu_memory_limit_bytes",
-        "hami_container_device_memory_bytes",
-        "hami_container_device_utilization_ratio",
-        "hami_vgpu_memory_context_bytes",
-        "hami_vgpu_memory_module_bytes",
-        "hami_vgpu_memory_buffer_bytes",
-        "hami_container_last_kernel_elapsed_seconds",
+        "hami_host_gpu_memory_used_bytes",  # NVML present
+        "hami_host_gpu_utilization_ratio",
+        "hami_host_gpu_memory_controller_utilization_ratio",
+        "hami_vgpu_memory_used_bytes",  # a container of a known pod
+        "hami_container_last_kernel_elapsed_seconds",  # v1 region with a kernel launched
+        "hami_mig_device_info",  # a pod with a MIG allocation
         "hami_trio_container_blocked",
+        "hami_trio_broker_exchanges_total",  # broker on
+        "hami_trio_pod_watch_synced",  # Kubernetes on
     }
 )
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What one scrape of the running agent contained."""
+
+    types: dict[str, str]  # family name -> type
+    samples: set[str]  # every sample name (counters' _total, histograms' _bucket, ...)
+    pod_labelled: set[str]  # sample names that carry a tenant's ``pod`` label
+
+
+async def _scrape_running_agent(base: Path) -> str:
+    hook = base / "hook"
+    mig = [
+        {
+            "containerIndex": 0,
+            "deviceIndex": 0,
+            "gpuUUID": GPU,
+            "profile": "1g.10gb",
+            "placement": {"start": 0, "size": 1},
+            "migUUID": "MIG-1",
+            "gpuInstanceID": 3,
+            "computeInstanceID": 0,
+        }
+    ]
+    async with trio.open_nursery() as nursery:
+        fake = FakeKubeApi()
+        await nursery.start(fake.serve)
+        uid = fake.add_pod(
+            "trainer-0",
+            namespace="team-a",
+            labels={"hami.io/vgpu-node": "node-a"},
+            annotations={"hami.io/vgpu-mig-allocations": json.dumps(mig)},
+        )
+        directory = hook / "containers" / f"{uid}_main"
+        directory.mkdir(parents=True)
+        write_region(
+            directory / "abc.cache",
+            RegionSpec(
+                uuids=[GPU],
+                limits=[8 << 30],
+                procs=[ProcSlot(used=[MemoryUse(total=1 << 30)], util=[UtilUse(sm_util=30)])],
+                last_kernel_time=int(time.time()) - 10,
+            ),
+        )
+        argv = [
+            "run",
+            f"--hook-path={hook}",
+            f"--mig-lock-path={base / 'mig' / 'lock'}",
+            f"--broker-socket-path={base / 'hostpid' / 'broker.sock'}",
+            "--metrics-bind-address=127.0.0.1:0",
+            "--interval=0.05",
+        ]
+        env = {
+            "NODE_NAME": "node-a",
+            "KUBECONFIG": write_kubeconfig(base / "kc", f"http://127.0.0.1:{fake.port}"),
+            "LIBVGPU_HOSTPID_BROKER": "1",
+        }
+        config = resolve_config(build_parser().parse_args(argv), env)
+        nvml = FakeNvml(gpus=[FakeGpu(uuid=GPU)])
+        handle: AgentHandle = await nursery.start(partial(serve_agent, config, nvml=nvml))
+        assert handle.broker is not None
+        assert await exchange(handle.broker.socket_path) == encode_response(os.getpid())
+        with trio.fail_after(20):
+            while True:
+                _, text = await trio.to_thread.run_sync(http_get, handle.metrics_address.port)
+                if "hami_mig_device_info{" in text and "hami_vgpu_memory_used_bytes{" in text:
+                    break
+                await trio.sleep(0.05)
+        handle.request_stop()
+        fake.stop()
+    return text
+
+
+@pytest.fixture(scope="module")
+def exported() -> Exported:
+    with pytest.MonkeyPatch.context() as patch, world_readable_dir("ht-dash-") as base:
+        for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+            patch.delenv(name, raising=False)
+            patch.delenv(name.upper(), raising=False)
+        text = trio.run(_scrape_running_agent, base)
+    types: dict[str, str] = {}
+    samples: set[str] = set()
+    pod_labelled: set[str] = set()
+    for family in text_string_to_metric_families(text):
+        types[family.name] = family.type
+        for sample in family.samples:
+            samples.add(sample.name)
+            if "pod" in sample.labels:
+                pod_labelled.add(sample.name)
+    return Exported(types, samples, pod_labelled)
+
+
 # What issue 7 asks the dashboard to show.
 REQUIRED = frozenset(
     {
@@ -108,17 +197,11 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
-def documented(name: str) -> bool:
-    if name in DOCUMENTED_METRICS:
-        return True
-    base, _, suffix = name.rpartition("_")
-    return suffix in {"bucket", "sum", "count"} and DOCUMENTED_METRICS.get(base) == "histogram"
-
-
-def base_name(name: str) -> str:
+def base_name(name: str, exported: Exported) -> str:
+    """A histogram's family name for its ``_bucket``/``_sum``/``_count`` series, else ``name``."""
     for suffix in ("_bucket", "_sum", "_count"):
         stem = name.removesuffix(suffix)
-        if stem != name and DOCUMENTED_METRICS.get(stem) == "histogram":
+        if stem != name and exported.types.get(stem) == "histogram":
             return stem
     return name
 
@@ -169,11 +252,23 @@ def test_metric_names_reads_promql(expr: str, names: set[str]) -> None:
     assert metric_names(expr) == names
 
 
-def test_an_undocumented_name_is_caught() -> None:
+def test_an_unexported_name_is_caught(exported: Exported) -> None:
     used = metric_names('rate(hami_trio_broker_exchange_total{node=~"$node"}[5m])')
-    assert [n for n in used if not documented(n)] == ["hami_trio_broker_exchange_total"]
-    assert not documented("hami_trio_monitor_mig_paused_bucket")  # a gauge has no buckets
-    assert documented("hami_trio_monitor_tick_duration_seconds_count")
+    assert [n for n in used if n not in exported.samples] == ["hami_trio_broker_exchange_total"]
+    assert "hami_trio_monitor_mig_paused_bucket" not in exported.samples  # a gauge: no buckets
+    assert "hami_trio_broker_exchanges_total" in exported.samples
+    assert "hami_trio_monitor_tick_duration_seconds_count" in exported.samples
+    assert "hami_trio_monitor_tick_duration_seconds" not in exported.samples
+    assert base_name("hami_trio_monitor_tick_duration_seconds_bucket", exported) == (
+        "hami_trio_monitor_tick_duration_seconds"
+    )
+
+
+def test_the_fixture_reaches_every_state_that_adds_families(exported: Exported) -> None:
+    assert sorted(STATEFUL - exported.samples) == []
+    assert exported.types["hami_trio_broker_exchange_duration_seconds"] == "histogram"
+    assert "hami_vgpu_memory_used_bytes" in exported.pod_labelled
+    assert "hami_build_info" not in exported.pod_labelled
 
 
 # --- the dashboard --------------------------------------------------------------------------
@@ -232,23 +327,29 @@ def test_panels_fit_the_grid_without_overlapping(dashboard: dict[str, Any]) -> N
                 cells[(x, y)] = panel["title"]
 
 
-def test_every_metric_name_is_documented(dashboard: dict[str, Any]) -> None:
+def test_every_metric_name_is_exported_by_the_agent(
+    dashboard: dict[str, Any], exported: Exported
+) -> None:
     unknown = {}
     for where, expr in expressions(dashboard):
         names = metric_names(expr)
         assert names, f"{where} selects no metric: {expr}"
         for name in names:
-            if not documented(name):
+            if name not in exported.samples:
                 unknown[name] = where
     assert unknown == {}
 
 
-def test_the_issue_7_panels_are_there(dashboard: dict[str, Any]) -> None:
-    used = {base_name(n) for _, expr in expressions(dashboard) for n in metric_names(expr)}
+def test_the_issue_7_panels_are_there(dashboard: dict[str, Any], exported: Exported) -> None:
+    used = {
+        base_name(n, exported) for _, expr in expressions(dashboard) for n in metric_names(expr)
+    }
     assert used >= REQUIRED, f"missing: {sorted(REQUIRED - used)}"
 
 
-def test_every_selector_applies_the_node_and_pod_selection(dashboard: dict[str, Any]) -> None:
+def test_every_selector_applies_the_node_and_pod_selection(
+    dashboard: dict[str, Any], exported: Exported
+) -> None:
     for where, expr in expressions(dashboard):
         if where == "variable node":
             continue  # the node list itself
@@ -256,5 +357,5 @@ def test_every_selector_applies_the_node_and_pod_selection(dashboard: dict[str, 
         for name in metric_names(expr):
             assert name in selectors, f"{where}: {name} has no label matchers"
             assert 'node=~"$node"' in selectors[name], f"{where}: {name} ignores $node"
-            if base_name(name) in POD_SCOPED and not where.startswith("variable"):
+            if name in exported.pod_labelled and not where.startswith("variable"):
                 assert 'pod=~"$pod"' in selectors[name], f"{where}: {name} ignores $pod"

@@ -75,11 +75,11 @@ failing check stops the whole rendering (helm install / upgrade / template).
 {{- fail (printf "extraEnv must not set %s: the chart manages it (see devicePlugin.hostPIDBroker.enabled, hookPath, resyncInterval, nvidiaVisibleDevices)" .name) }}
 {{- end }}
 {{- end }}
-{{- $managedFlags := list "--metrics-bind-address" "--legacy-metrics" "--log-format" "--log-level" "--broker-socket-path" "--mig-lock-path" }}
+{{- $managedFlags := list "--metrics-bind-address" "--legacy-metrics" "--log-format" "--log-level" "--broker-socket-path" "--mig-lock-path" "--hook-path" "--node-name" "--resync-interval" }}
 {{- range .Values.extraArgs }}
 {{- $flag := first (splitList "=" (toString .)) }}
 {{- if has $flag $managedFlags }}
-{{- fail (printf "extraArgs must not pass %s: the chart manages it (see metrics, log, migLockPath, devicePlugin.hostPIDBroker.enabled)" $flag) }}
+{{- fail (printf "extraArgs must not pass %s: the chart manages it (see metrics, log, migLockPath, hookPath, resyncInterval, devicePlugin.hostPIDBroker.enabled)" $flag) }}
 {{- end }}
 {{- end }}
 {{- end }}
