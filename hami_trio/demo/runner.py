@@ -5,10 +5,11 @@ How this works (all in one trio nursery tree; every child process is waited for)
 1. **Root.**  A private root (a fresh temporary directory, or ``--root``) holds the hook path
    with one directory per container (``{pod uid}_{name}``, created here as HAMi's device
    plugin would), the broker's directory, the MIG lock path and the logs.
-2. **Agent.**  The agent is started through the injected ``start_agent`` (an async context
-   manager, see :class:`RunningAgent`): the broker on the root's socket, the monitor on the
-   hook path with the demo's short interval, ``/metrics`` on the loopback interface.  Leaving
-   the context stops it gracefully, which removes the broker's socket.
+2. **Agent.**  The agent runs through the injected ``serve_agent`` (the real one is
+   :func:`hami_trio.demo.agent.serve_demo_agent`): the broker on the root's socket, the
+   monitor on the hook path with the demo's short interval, ``/metrics`` on the loopback
+   interface.  It runs outside the run's cancel scope, so that even after a Ctrl-C it is
+   stopped with its graceful drain (which removes the broker's socket), last.
 3. **Workloads.**  Each workload is ``python -m hami_trio.demo.workload`` in its own session
    (a Ctrl-C in the terminal reaches only the demo, which stops everything in order), with
    HAMi-core's environment and a sandbox of its own (see :mod:`~hami_trio.demo.sandbox`).
@@ -36,8 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol, TextIO
@@ -61,8 +62,8 @@ from hami_trio.demo.workload import WorkloadPlan
 from hami_trio.errors import ConfigError, DemoError, HamiTrioError
 
 __all__ = [
+    "AgentServer",
     "AgentSettings",
-    "AgentStarter",
     "DemoOptions",
     "RunningAgent",
     "run_demo",
@@ -109,15 +110,33 @@ class AgentSettings:
 
 
 class RunningAgent(Protocol):
-    """What the demo needs of a running agent: where its metrics are."""
+    """What the demo needs of a running agent."""
 
     @property
     def metrics_url(self) -> str:
         """``http://host:port/metrics``."""
 
+    @property
+    def command(self) -> str:
+        """The equivalent ``hami-trio run`` command line (shown in the banner)."""
 
-#: Starts the agent on entry (returns once it is ready) and stops it on exit.
-AgentStarter = Callable[[AgentSettings], AbstractAsyncContextManager[RunningAgent]]
+    @property
+    def request_stop(self) -> Callable[[], None]:
+        """Drain and stop the agent; the serving function returns once it is done."""
+
+
+class AgentServer(Protocol):
+    """Runs the agent: reports a :class:`RunningAgent` once it is ready, returns once it was
+    asked to stop and has drained, raises :class:`~hami_trio.errors.HamiTrioError` when it
+    cannot start or fails (:func:`hami_trio.demo.agent.serve_demo_agent`)."""
+
+    def __call__(
+        self, settings: AgentSettings, *, task_status: trio.TaskStatus[Any]
+    ) -> Awaitable[None]: ...
+
+
+#: How long the agent may take to drain after the run before the demo cancels it.
+AGENT_STOP_TIMEOUT: Final = 15.0
 
 
 def _prepare_root(root: Path | None) -> tuple[Path, bool]:
@@ -227,20 +246,23 @@ async def _read_reports(
 ) -> None:
     assert proc.stdout is not None
     pending = b""
-    async for chunk in proc.stdout:
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            try:
-                report = json.loads(line)
-            except ValueError:
-                record.event(time.monotonic(), f"{w.spec.name}: unreadable report {line[:80]!r}")
-                continue
-            if isinstance(report, dict):
-                _handle_report(record, w, report)
-                if report.get("type") in ("attached", "error"):
-                    attached.set()
-    w.exit_code = await proc.wait()
+    # Shielded: a cancelled run still wants each workload's final report, and the end of its
+    # output is certain (``_stop_workloads`` kills what does not exit in time).
+    with trio.CancelScope(shield=True):
+        async for chunk in proc.stdout:
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                try:
+                    report = json.loads(line)
+                except ValueError:
+                    record.event(time.monotonic(), f"{w.spec.name}: unreadable {line[:80]!r}")
+                    continue
+                if isinstance(report, dict):
+                    _handle_report(record, w, report)
+                    if report.get("type") in ("attached", "error"):
+                        attached.set()
+        w.exit_code = await proc.wait()
     if w.attached is None and w.error is None:
         w.error = f"exited with status {w.exit_code} before attaching"
     attached.set()
@@ -434,11 +456,46 @@ def _check_leftovers(record: RunRecord, paths: DemoPaths) -> None:
     record.socket_left = os.path.lexists(paths.socket_path)
 
 
+class _Started:
+    """A ``task_status`` that remembers whether the agent reported ready."""
+
+    def __init__(self, inner: trio.TaskStatus[Any]) -> None:
+        self._inner = inner
+        self.done = False
+
+    def started(self, value: Any = None) -> None:
+        self.done = True
+        self._inner.started(value)
+
+
+async def _agent(
+    serve: AgentServer,
+    settings: AgentSettings,
+    record: RunRecord,
+    run: trio.CancelScope,
+    stopped: trio.Event,
+    *,
+    task_status: trio.TaskStatus[RunningAgent],
+) -> None:
+    """Run the agent; a failure after its start ends the run and is recorded, not raised."""
+    status = _Started(task_status)
+    try:
+        await serve(settings, task_status=status)
+    except HamiTrioError as exc:
+        if not status.done:
+            raise  # nursery.start() raises it: the demo cannot start
+        record.agent_error = str(exc)
+        record.event(time.monotonic(), f"agent FAILED: {exc}")
+        run.cancel()
+    finally:
+        stopped.set()
+
+
 async def _run(
     record: RunRecord,
     paths: DemoPaths,
     options: DemoOptions,
-    start_agent: AgentStarter,
+    serve_agent: AgentServer,
     screen: Screen,
 ) -> None:
     settings = AgentSettings(
@@ -446,7 +503,10 @@ async def _run(
     )
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as guard:
+            # The agent runs in this outer nursery, outside ``run``: a Ctrl-C cancels the
+            # run, and the agent still gets its graceful drain afterwards.
             run = trio.CancelScope()
+            stopped = trio.Event()
 
             async def on_signal() -> None:
                 async for signum in signals:
@@ -458,16 +518,27 @@ async def _run(
 
             guard.start_soon(on_signal)
             try:
-                with run:
-                    async with start_agent(settings) as agent:
-                        record.metrics_url = agent.metrics_url
-                        screen.print([f"agent ready, /metrics at {agent.metrics_url}"])
+                agent: RunningAgent = await guard.start(
+                    _agent, serve_agent, settings, record, run, stopped
+                )
+                record.metrics_url = agent.metrics_url
+                try:
+                    screen.print(
+                        [
+                            "agent ready, in this process; the same agent as:",
+                            f"  {agent.command}",
+                            f"agent metrics: {agent.metrics_url}",
+                        ]
+                    )
+                    with run:
                         async with _workloads(record, paths, options) as procs:
                             await _timeline(record, paths, procs, screen, agent.metrics_url)
-            except HamiTrioError as exc:
-                if record.start is None:
-                    raise  # nothing ran: the error is the whole answer
-                record.agent_error = str(exc)
+                finally:
+                    agent.request_stop()
+                    with trio.move_on_after(AGENT_STOP_TIMEOUT):
+                        await stopped.wait()
+                    if not stopped.is_set():
+                        record.agent_error = f"did not stop within {AGENT_STOP_TIMEOUT:g}s"
             finally:
                 guard.cancel_scope.cancel()
                 screen.update(record, record.latest(), time.monotonic())  # the last events
@@ -490,13 +561,13 @@ def _sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException | Non
 
 
 async def run_demo(
-    options: DemoOptions, *, start_agent: AgentStarter, out: TextIO | None = None
+    options: DemoOptions, *, serve_agent: AgentServer, out: TextIO | None = None
 ) -> dict[str, Any]:
     """Run the whole demo and return its summary (also written to ``--summary-json``).
 
     Args:
         options: the command's flags.
-        start_agent: starts the agent (see :data:`AgentStarter`).
+        serve_agent: runs the agent (:func:`hami_trio.demo.agent.serve_demo_agent`).
         out: where the view and the summary go (default stdout).
 
     Returns:
@@ -539,7 +610,7 @@ async def run_demo(
             + [f"  {s.name:<12} priority {s.priority} on {s.gpu[:8]}: {s.role}" for s in specs]
         )
         try:
-            await _run(record, paths, options, start_agent, screen)
+            await _run(record, paths, options, serve_agent, screen)
         except BaseExceptionGroup as group:
             only = _sole_error(group)
             if isinstance(only, HamiTrioError):

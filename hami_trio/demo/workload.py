@@ -338,11 +338,12 @@ def _run(plan: WorkloadPlan, settings: HamiCoreSettings, stop: _Stop) -> int:
     give_up = time.monotonic() + _GO_TIMEOUT
     while go is None and not (stop.requested or stdin.closed) and time.monotonic() < give_up:
         go = stdin.wait(0.1)
-    if go is None:
-        _report("error", message="stopped before the demo's 'go' line")
-        return 1
-    start = float(json.loads(go)["start"])
     tracker = Tracker(plan.step)
+    if go is None and not (stop.requested or stdin.closed):
+        _report("error", message=f"no 'go' line from the demo within {_GO_TIMEOUT:g}s")
+        return 1
+    # Stopped before the run began (the demo was interrupted): a normal, empty run.
+    start = float(json.loads(go)["start"]) if go is not None else time.monotonic()
     last: tuple[State, tuple[int, int, int], int] | None = None
     last_report = 0.0
     state: State = "idle"
