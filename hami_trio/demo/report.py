@@ -342,6 +342,10 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.2f} ms"
 
 
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
@@ -371,12 +375,12 @@ def render_summary(summary: dict[str, Any]) -> list[str]:
     for row in summary["blocking"]:
         if not row["outranked_by"]:
             lines.append(
-                f"  {row['workload']:<12} blocked {row['episodes']} times (nobody outranks it!)"
+                f"  {row['workload']:<12} blocked {_times(row['episodes'])} (nobody outranks it!)"
             )
             continue
         lines.append(
-            f"  {row['workload']:<12} (priority {row['priority']}) blocked {row['episodes']} "
-            f"times, {_seconds(row['blocked_seconds'])} in all, while "
+            f"  {row['workload']:<12} (priority {row['priority']}) blocked "
+            f"{_times(row['episodes'])}, {_seconds(row['blocked_seconds'])} in all, while "
             f"{', '.join(row['outranked_by'])} was active for "
             f"{_seconds(row['higher_priority_active_seconds'])}; "
             + ("unblocked afterwards" if row["unblocked_after"] else "NOT unblocked afterwards")

@@ -8,7 +8,8 @@ the run so that the same story plays in 6 seconds (CI) and in 30 (the README):
   training always wants to launch, so the monitor blocks it during each burst and unblocks
   it about two ticks after the burst ends (``recent_kernel`` counts down from 2).
 - ``notebook`` (priority 1) works now and then on :data:`GPU_B`: nobody outranks it there.
-- Further workloads alternate between the two GPUs at priority 1.
+- Further workloads alternate between the two GPUs at priority 1, busy from the start to
+  58 % of the run.
 - The MIG apply lock exists from 40 % to 60 % of the run (:data:`MIG_WINDOW`), between the
   bursts: the monitor pauses, its view of the shared regions freezes, then it resumes.
 
@@ -193,8 +194,9 @@ def default_workloads(count: int) -> tuple[WorkloadSpec, ...]:
     ]
     for index in range(3, count):
         # Workers alternate GPUs at the low priority: on GPU-A they are blocked with
-        # training, on GPU-B they share with the notebook (utilization_switch = 1).
-        offset = 0.03 * index % 0.3
+        # training, on GPU-B they share with the notebook (utilization_switch = 1).  They
+        # start before the first burst and stop in the MIG window, long after that burst,
+        # so that each block is followed by launches again.
         specs.append(
             WorkloadSpec(
                 f"worker-{index - 2}",
@@ -204,7 +206,7 @@ def default_workloads(count: int) -> tuple[WorkloadSpec, ...]:
                 2 * GIB,
                 50,
                 Behaviour(
-                    ((offset, offset + 0.6),),
+                    ((0.02 * (index % 5), 0.58),),
                     40,
                     MemoryPlan(300 * MIB, 100 * MIB, 256 * MIB, GIB),
                 ),

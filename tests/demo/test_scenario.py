@@ -35,6 +35,24 @@ def test_every_size_has_a_high_and_a_low_priority_workload_sharing_a_gpu(count: 
     assert any(s.gpu == h.gpu and s.priority > h.priority for h in high for s in specs)
 
 
+@pytest.mark.parametrize("count", range(2, MAX_WORKLOADS + 1))
+def test_every_outranked_workload_wants_to_launch_after_each_burst_it_meets(count: int) -> None:
+    # Otherwise a block could end because the demand did, and "unblocked after" could not
+    # be seen: after a burst the monitor needs two ticks (up to 0.133 of the shortest run).
+    specs = default_workloads(count)
+    for spec in specs:
+        bursts = [
+            burst
+            for other in specs
+            if other.gpu == spec.gpu and other.priority < spec.priority
+            for burst in other.behaviour.busy
+        ]
+        for start, end in spec.behaviour.busy:
+            for b_start, b_end in bursts:
+                if min(end, b_end) > max(start, b_start):
+                    assert end >= b_end + 0.15, (spec.name, (start, end), (b_start, b_end))
+
+
 @pytest.mark.parametrize("count", [-1, 0, 1, MAX_WORKLOADS + 1])
 def test_workload_count_out_of_range(count: int) -> None:
     with pytest.raises(ConfigError, match="--workloads"):
