@@ -34,6 +34,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "hami_trio.broker.client_cli",
     "hami_trio.allocation.cli",
     "hami_trio.monitor.cli",
+    "hami_trio.demo.cli",
 )
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "CacheFileError",
     "CacheFileRejected",
     "ConfigError",
+    "DemoError",
     "HamiTrioError",
     "HttpServerError",
     "LockDirError",
@@ -123,3 +124,13 @@ class AgentError(HamiTrioError):
         super().__init__(message)
         self.task = task
         self.started = started
+
+
+class DemoError(HamiTrioError):
+    """The local demo (``hami-trio demo``) could not run: a workload failed to start or
+    attach, or its sandbox could not be built.
+
+    Raised by :mod:`hami_trio.demo` before or while the workloads start; the message names the
+    workload and the reason (its log file holds the details).  User: run the demo as root, or
+    enable unprivileged user namespaces, or read the workload's log.
+    """

@@ -16,12 +16,15 @@ give that child another UID or its own namespaces without touching the machine:
   uid 65534 can execute: pytest's ``tmp_path`` and the venv live under directories only root
   can enter.
 
+The namespace and privilege primitives themselves live in :mod:`hami_trio.demo.sandbox`
+(the local demo builds its workloads' sandboxes with them); this module re-exports
+``NOBODY`` and ``drop_privileges`` for the tests.
+
 Every child is waited for (and killed on timeout) before these helpers return.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import pickle
 import select
@@ -38,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hami_trio.demo.sandbox import NOBODY, drop_privileges, enter_namespaces, mount_proc
+
 __all__ = [
     "NOBODY",
     "ChildError",
@@ -48,15 +53,6 @@ __all__ = [
     "run_in_child",
     "world_readable_dir",
 ]
-
-#: The unprivileged UID/GID tests drop to (``nobody``/``nogroup`` on Debian).
-NOBODY = 65534
-
-_CLONE_NEWNS = 0x00020000
-_CLONE_NEWPID = 0x20000000
-_MS_REC = 0x4000
-_MS_PRIVATE = 1 << 18
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
 
 
 class ChildError(AssertionError):
@@ -72,28 +68,6 @@ class ChildResult:
     host_pid: int
 
 
-def drop_privileges(uid: int = NOBODY, gid: int = NOBODY) -> None:
-    """Irreversibly become ``uid``/``gid`` with no supplementary groups (call in a child)."""
-    os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
-
-
-def _libc_call(name: str, *args: object) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if getattr(libc, name)(*args) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{name}: {os.strerror(err)}")
-
-
-def _enter_namespaces(pid_namespace: bool, mount_namespace: bool) -> None:
-    flags = (_CLONE_NEWPID if pid_namespace else 0) | (_CLONE_NEWNS if mount_namespace else 0)
-    _libc_call("unshare", flags)
-    if mount_namespace:
-        # Nothing mounted from here on may propagate back to the machine's mount tree.
-        _libc_call("mount", None, b"/", None, _MS_REC | _MS_PRIVATE, None)
-
-
 def _child_main(
     write_fd: int,
     func: Callable[..., Any],
@@ -107,7 +81,7 @@ def _child_main(
     try:
         try:
             if pid_namespace or mount_namespace:
-                _enter_namespaces(pid_namespace, mount_namespace)
+                enter_namespaces(pid=pid_namespace, mount=mount_namespace)
             if pid_namespace:
                 # unshare(CLONE_NEWPID) applies to children only: fork once more.  This
                 # process is still in the host's namespace, so it reports the grandchild's
@@ -124,14 +98,7 @@ def _child_main(
                 os.read(go_read, 1)  # EOF once the parent has reported our PID
                 os.close(go_read)
                 if mount_namespace:
-                    _libc_call(
-                        "mount",
-                        b"proc",
-                        b"/proc",
-                        b"proc",
-                        _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
-                        None,
-                    )
+                    mount_proc()
             if uid is not None:
                 drop_privileges(uid, uid)
             payload = pickle.dumps((True, func(*args)))

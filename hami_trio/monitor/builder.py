@@ -245,7 +245,13 @@ def build_region(spec: RegionSpec) -> bytearray:
     return data
 
 
-def write_region(path: str | os.PathLike[str], spec: RegionSpec, *, sparse: bool = True) -> None:
+def write_region(
+    path: str | os.PathLike[str],
+    spec: RegionSpec,
+    *,
+    sparse: bool = True,
+    magic_last: bool = False,
+) -> None:
     """Create or overwrite ``path`` with the region (mode 0666 before umask, like HAMi-core).
 
     Args:
@@ -253,12 +259,18 @@ def write_region(path: str | os.PathLike[str], spec: RegionSpec, *, sparse: bool
         spec: the region.
         sparse: write only the non-zero pieces and extend the file with ``ftruncate`` (the
             bytes read back are identical; disk use is a few KiB per file).
+        magic_last: initialise like HAMi-core: everything else first (magic 0), then the
+            4-byte magic in a last write, so a concurrent reader never sees the magic on a
+            half-written region.
 
     Raises:
         ValueError: see :func:`region_pieces`.
         OSError: the file cannot be written.
     """
     pieces = region_pieces(spec)
+    magic = pieces[0][1][:4]
+    if magic_last:
+        pieces[0] = (0, bytes(4) + pieces[0][1][4:])
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
     try:
         if sparse:
@@ -270,6 +282,8 @@ def write_region(path: str | os.PathLike[str], spec: RegionSpec, *, sparse: bool
             for offset, piece in pieces:
                 data[offset : offset + len(piece)] = piece
             os.pwrite(fd, data, 0)
+        if magic_last:
+            os.pwrite(fd, magic, 0)
     finally:
         os.close(fd)
 

@@ -1,0 +1,142 @@
+"""The demo's agent: the real ``hami-trio run`` agent, in the demo's own process.
+
+How this works.  :func:`agent_argv` is the ``hami-trio run`` command line the demo stands
+for - ``--no-kubernetes``, the demo's hook path, broker socket and MIG lock, its interval,
+``/metrics`` on the loopback interface - and :data:`AGENT_ENV` its environment (the broker's
+switch, ``LIBVGPU_HOSTPID_BROKER=1``).  :func:`serve_demo_agent` resolves them with the
+``run`` command's own parser and :func:`~hami_trio.daemon_config.resolve_config`, checks the
+host like the command does, and runs :func:`~hami_trio.daemon.serve_agent` - the agent itself,
+one nursery with the broker, the monitor and the endpoint - in the demo's nursery.  The
+agent's log goes to a file in the demo's root, so it does not tear the live table.
+
+In-process rather than a child process, because:
+
+- it is the same ``serve_agent`` that ``hami-trio run`` runs (which only adds the process's
+  signal handling; the demo handles Ctrl-C for the agent and the workloads together);
+- its handle gives the real port when port 0 was asked for, and a graceful
+  :meth:`~hami_trio.daemon.AgentHandle.request_stop` whose end the demo awaits;
+- an agent failure arrives as one exception in the demo's nursery, and nothing of the agent
+  can outlive the demo, even if the demo is killed.
+
+The price: the demo's view and scrapes share the agent's event loop (a redraw four times a
+second and a scrape in a worker thread twice a second, next to a broker that answers three
+exchanges in the whole run).
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, TextIO, cast
+
+import trio
+
+from hami_trio.config import BROKER_SWITCH_ENV, BindAddress
+from hami_trio.demo.runner import AgentSettings
+from hami_trio.logs import configure_logging
+
+if TYPE_CHECKING:
+    from hami_trio.daemon import AgentHandle
+
+__all__ = ["AGENT_ENV", "DemoAgent", "agent_argv", "agent_command", "serve_demo_agent"]
+
+#: The agent's environment: the broker's switch, and nothing from the caller's.
+AGENT_ENV: Final = {BROKER_SWITCH_ENV: "1"}
+
+
+def agent_argv(settings: AgentSettings) -> list[str]:
+    """The ``hami-trio run`` arguments of the demo's agent (the subcommand included)."""
+    paths = settings.paths
+    return [
+        "run",
+        "--no-kubernetes",
+        "--hook-path",
+        str(paths.hook_path),
+        "--broker-socket-path",
+        str(paths.socket_path),
+        "--mig-lock-path",
+        str(paths.mig_lock),
+        "--interval",
+        f"{settings.interval:g}",
+        "--metrics-bind-address",
+        str(settings.metrics_bind),
+    ]
+
+
+def agent_command(settings: AgentSettings) -> str:
+    """The shell command that would start the same agent on its own."""
+    env = " ".join(f"{key}={value}" for key, value in AGENT_ENV.items())
+    return f"{env} hami-trio {shlex.join(agent_argv(settings))}"
+
+
+def _url(address: BindAddress) -> str:
+    host = address.host or "127.0.0.1"  # "" = every interface, the loopback included
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{address.port}/metrics"
+
+
+@dataclass(frozen=True, slots=True)
+class DemoAgent:
+    """The running agent as the demo sees it.
+
+    Attributes:
+        metrics_url: where its ``/metrics`` is (the real port when port 0 was asked for).
+        command: the equivalent ``hami-trio run`` command line.
+        request_stop: drain and stop it (the broker removes its socket).
+    """
+
+    metrics_url: str
+    command: str
+    request_stop: Callable[[], None]
+
+
+class _Relay:
+    """Turns the agent's handle into a :class:`DemoAgent` for the demo's ``nursery.start``."""
+
+    def __init__(self, settings: AgentSettings, outer: trio.TaskStatus[DemoAgent]) -> None:
+        self._settings = settings
+        self._outer = outer
+
+    def started(self, value: Any = None) -> None:
+        handle = cast("AgentHandle", value)
+        self._outer.started(
+            DemoAgent(
+                _url(handle.metrics_address), agent_command(self._settings), handle.request_stop
+            )
+        )
+
+
+def _open_log(settings: AgentSettings) -> TextIO:
+    return open(settings.log_file, "a", encoding="utf-8")  # closed by the caller
+
+
+async def serve_demo_agent(
+    settings: AgentSettings, *, task_status: trio.TaskStatus[DemoAgent] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Run the agent until :attr:`DemoAgent.request_stop`; report it once every task is ready.
+
+    Raises:
+        ConfigError: the resolved configuration is unusable (a path the agent refuses).
+        HamiTrioError: a task of the agent could not start, or failed after the start (see
+            :func:`~hami_trio.daemon.serve_agent`).
+    """
+    from hami_trio.cli import build_parser
+    from hami_trio.daemon import serve_agent
+    from hami_trio.daemon_config import check_host, resolve_config
+
+    config = resolve_config(build_parser().parse_args(agent_argv(settings)), AGENT_ENV)
+    check_host(config)
+    log = _open_log(settings)
+    try:
+        configure_logging(config.log_format, config.log_level, stream=log)
+        for warning in config.warnings:
+            logging.getLogger("hami_trio.daemon").warning("%s", warning)
+        await serve_agent(config, task_status=_Relay(settings, task_status))
+    finally:
+        logger = logging.getLogger("hami_trio")
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        log.close()
