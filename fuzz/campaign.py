@@ -57,7 +57,7 @@ CORPUS_ROOT = Path(__file__).resolve().parent / "corpus"
 
 # A batch never plans more than this many seconds, so a budget is overrun by at most about
 # that much (plus one slow example).
-_MAX_BATCH_SECONDS = 5.0
+_MAX_BATCH_SECONDS = 3.0
 _FIRST_BATCH = 10
 _MAX_BATCH = 20_000
 
