@@ -528,7 +528,7 @@ class Results:
         finished = _utc_now()
         lines = [f"# {self.name}: exact command lines, in order", f"$ {shlex.join(self.argv)}"]
         for cmd in self._commands:
-            rc = "killed" if cmd["returncode"] is None else f"rc={cmd['returncode']}"
+            rc = "no exit status" if cmd["returncode"] is None else f"rc={cmd['returncode']}"
             took = "" if cmd["seconds"] is None else f" {cmd['seconds']:.3f} s"
             note = f" ({cmd['note']})" if cmd["note"] else ""
             outputs = f" -> {', '.join(cmd['outputs'])}" if cmd["outputs"] else ""
