@@ -509,7 +509,7 @@ class Results:
             "",
             markdown_table(headers, rows),
         ]
-        text += [f"{line}" for line in notes]
+        text += [f"{line}\n" for line in notes if line]
         (self.path / "summary.md").write_text("\n".join(text).rstrip() + "\n")
         self._write_json(
             "summary.json", {"benchmark": self.name, "title": title, "figures": dict(figures)}
