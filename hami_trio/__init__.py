@@ -23,11 +23,13 @@ from hami_trio.errors import (
     BrokerError,
     BrokerStartupError,
     CacheFileError,
+    CacheFileRejected,
     ConfigError,
     HamiTrioError,
     LockDirError,
     PodSourceError,
 )
+from hami_trio.monitor import Monitor, MonitorConfig, serve_monitor
 
 __all__ = [
     "BrokerConfig",
@@ -35,10 +37,13 @@ __all__ = [
     "BrokerHandle",
     "BrokerStartupError",
     "CacheFileError",
+    "CacheFileRejected",
     "ConfigError",
     "ContainerAllocateResponse",
     "HamiTrioError",
     "LockDirError",
+    "Monitor",
+    "MonitorConfig",
     "Mount",
     "NoAnswer",
     "PodSourceError",
@@ -51,4 +56,5 @@ __all__ = [
     "prepare_lock_parent",
     "query_host_pid",
     "serve_broker",
+    "serve_monitor",
 ]

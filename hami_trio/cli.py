@@ -32,6 +32,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "hami_trio.broker.cli",
     "hami_trio.broker.client_cli",
     "hami_trio.allocation.cli",
+    "hami_trio.monitor.cli",
 )
 
 

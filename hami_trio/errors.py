@@ -13,8 +13,10 @@ __all__ = [
     "BrokerError",
     "BrokerStartupError",
     "CacheFileError",
+    "CacheFileRejected",
     "ConfigError",
     "HamiTrioError",
+    "HttpServerError",
     "LockDirError",
     "PodSourceError",
 ]
@@ -76,4 +78,29 @@ class PodSourceError(HamiTrioError):
 
     Raised at start-up.  Transient API errors after start-up are retried with backoff and do
     not raise.  Operator: check ``NODE_NAME``, ``KUBECONFIG`` or the in-cluster service account.
+    """
+
+
+class CacheFileRejected(CacheFileError):
+    """A ``.cache`` file was rejected for a reason the monitor counts and reports.
+
+    Raised per file by the monitor's loader and region reader.  ``reason`` is a short
+    machine-readable token (``too_small``, ``magic``, ``unknown_version``, ``not_regular_file``,
+    ``hard_link``, ``replaced``, ``truncated``, ``io_error``, ``too_many_files``) used as the
+    ``reason`` label of ``hami_trio_monitor_files_rejected_total``; the message is for humans
+    and names the file, the size and the values found.  Routine and never fatal: the monitor
+    skips that container until its file loads again.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class HttpServerError(HamiTrioError):
+    """The metrics and health endpoint cannot listen on ``--metrics-bind-address``.
+
+    Raised at start-up, before the endpoint reports ready: the address is in use, not local,
+    needs privileges, or its host does not resolve.  Operator: pick a free address or stop the
+    other process; the agent exits 1.
     """

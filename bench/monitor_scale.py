@@ -1,0 +1,349 @@
+#!/usr/bin/env python3
+"""Monitor scale benchmark: tick time and peak RSS for N containers.
+
+Builds ``N`` v1 ``.cache`` files (2 devices, 8 live process slots each, sparse on disk) under
+a temporary ``$HOOK_PATH/containers``, then, for each N, starts a *fresh* Python process
+that runs the monitor's tick (refresh + Observe + write back) and reports:
+
+- the median / p90 / max wall time of one tick, over ``--ticks`` ticks after warm-up;
+- the child's peak RSS (``ru_maxrss``), so each N is measured without the others' garbage.
+
+Wall time is what the targets are about; the CPU time of the child is printed next to it
+because it is much less sensitive to other load on a shared machine.  Two workloads:
+``static`` (files unchanged between ticks: the monitor's read cache applies) and ``churn``
+(before every tick each container's slot 0 and ``recent_kernel`` change, as they do on a
+node where every container launches kernels; the change is made outside the timed
+section).  Targets (issue 5): at N=1000 a tick <= 25 ms and RSS <= 150 MB; the tick at
+N=2000 <= 2.2x the tick at N=1000.
+
+Extension point: the metrics work adds scrape latency by appending, in this file, an async
+callable to :data:`MEASUREMENTS` (the child process re-imports this file); each receives the
+warmed-up ``Monitor`` and returns extra figures, printed under the tick figures.
+
+Usage::
+
+    .venv/bin/python bench/monitor_scale.py                 # N = 100, 1000, 2000, both modes
+    .venv/bin/python bench/monitor_scale.py --n 1000 --mode static --ticks 30
+    .venv/bin/python bench/monitor_scale.py --json           # one JSON document on stdout
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from hami_trio.monitor.builder import (  # noqa: E402
+    MemoryUse,
+    ProcSlot,
+    RegionSpec,
+    SimulatedWorkload,
+    UtilUse,
+    write_region,
+)
+
+Figures = dict[str, float]
+#: Extra measurements run in the child after the tick measurement (``Monitor`` -> figures).
+MEASUREMENTS: list[Callable[[object], Awaitable[Figures]]] = []
+
+DEVICES = 2
+LIVE_SLOTS = 8
+GPUS_PER_NODE = 8
+SCRAPES = 101
+
+
+def _uid(i: int) -> str:
+    return f"{i:08d}-0000-4000-8000-000000000000"
+
+
+def _slots(seed: int) -> list[ProcSlot]:
+    return [
+        ProcSlot(
+            pid=100 + s,
+            hostpid=10_000 + seed * 16 + s,
+            status=1,
+            used=[
+                MemoryUse(
+                    context_size=300 << 20,
+                    module_size=20 << 20,
+                    data_size=(s + 1) << 28,
+                    offset=0,
+                    total=((s + 1) << 28) + (320 << 20),
+                )
+                for _ in range(DEVICES)
+            ],
+            util=[UtilUse(sm_util=(seed + s) % 40) for _ in range(DEVICES)],
+        )
+        for s in range(LIVE_SLOTS)
+    ]
+
+
+def build_tree(hook: Path, n: int) -> None:
+    """Create ``hook/containers/{uid}_main/x.cache`` for ``n`` containers."""
+    root = hook / "containers"
+    root.mkdir(parents=True)
+    for i in range(n):
+        directory = root / f"{_uid(i)}_main"
+        directory.mkdir()
+        gpus = [f"GPU-{(i + d) % GPUS_PER_NODE:08d}-bench" for d in range(DEVICES)]
+        write_region(
+            directory / "x.cache",
+            RegionSpec(
+                num=DEVICES,
+                uuids=gpus,
+                limits=[8 << 30] * DEVICES,
+                sm_limits=[50] * DEVICES,
+                procs=_slots(i),
+                priority=i % 3,
+                recent_kernel=2,
+                last_kernel_time=1_700_000_000,
+            ),
+        )
+
+
+def environment() -> dict[str, str]:
+    """What the figures were measured on."""
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        load = "unknown"
+    return {
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+        "cpu": cpu,
+        "cpus": str(os.cpu_count()),
+        "loadavg": load,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+# -- child: one N, one process -----------------------------------------------------------
+
+
+async def scrape_latency(monitor: object) -> Figures:
+    """Scrape the warmed-up monitor's metrics over real HTTP ``SCRAPES`` times per variant."""
+    import urllib.request
+
+    import trio
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from hami_trio.config import BindAddress
+    from hami_trio.monitor.http import render_metrics, serve_http
+    from hami_trio.monitor.loop import Monitor
+    from hami_trio.monitor.metrics import BuildInfoCollector, VGpuCollector
+    from hami_trio.monitor.podsource import StaticPodSource
+
+    assert isinstance(monitor, Monitor)
+    registry = CollectorRegistry()
+    registry.register(BuildInfoCollector())
+    # Every container under its pod UID (the --no-kubernetes naming): all are exported.
+    registry.register(
+        VGpuCollector(monitor, StaticPodSource(), node_name="bench", kubernetes=False)
+    )
+
+    def fetch(url: str, headers: dict[str, str]) -> tuple[float, int]:
+        start = time.perf_counter()
+        request = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            size = len(reply.read())
+        return time.perf_counter() - start, size
+
+    def in_process(render: Callable[[], object]) -> float:
+        samples = []
+        for _ in range(11):
+            start = time.perf_counter()
+            render()
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples) * 1e3
+
+    figures: Figures = {
+        "render_ms": in_process(lambda: render_metrics(registry, "", [])),
+        "generate_latest_ms": in_process(lambda: generate_latest(registry)),
+    }
+    variants = {
+        "scrape": {},  # plain Prometheus text, uncompressed
+        # What a Prometheus server asks for: OpenMetrics, gzip.
+        "prom_scrape": {
+            "Accept": "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;q=0.1",
+            "Accept-Encoding": "gzip",
+        },
+    }
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(serve_http, BindAddress("127.0.0.1", 0), registry)
+        url = f"http://127.0.0.1:{bound.port}/metrics"
+        for prefix, headers in variants.items():
+            await trio.to_thread.run_sync(fetch, url, headers)  # warm-up
+            latencies = []
+            size = 0
+            for _ in range(SCRAPES):
+                seconds, size = await trio.to_thread.run_sync(fetch, url, headers)
+                latencies.append(seconds)
+            latencies.sort()
+            figures[f"{prefix}_median_ms"] = statistics.median(latencies) * 1e3
+            figures[f"{prefix}_p99_ms"] = latencies[round(0.99 * (len(latencies) - 1))] * 1e3
+            figures[f"{prefix}_bytes"] = float(size)
+        nursery.cancel_scope.cancel()
+    return figures
+
+
+MEASUREMENTS.append(scrape_latency)
+
+
+def child(hook: Path, n: int, ticks: int, mode: str) -> Figures:
+    import trio
+
+    from hami_trio.monitor.loop import Monitor, MonitorConfig
+    from hami_trio.monitor.podsource import PodInfo, StaticPodSource
+
+    pods = StaticPodSource(
+        [
+            PodInfo(uid=_uid(i), namespace="bench", name=f"pod-{i}", containers=("main",))
+            for i in range(n)
+        ]
+    )
+    config = MonitorConfig(hook_path=hook, mig_lock_path=hook / "mig" / "lock")
+    workloads = [
+        SimulatedWorkload(hook / "containers" / f"{_uid(i)}_main" / "x.cache") for i in range(n)
+    ]
+
+    async def run() -> Figures:
+        monitor = Monitor(config, pod_source=pods)
+        for _ in range(3):  # open every handle, settle the feedback
+            await monitor.tick()
+        loaded = sum(1 for s in monitor.containers().values() if s.snapshot is not None)
+        if loaded != n:
+            raise SystemExit(f"only {loaded} of {n} containers loaded")
+        samples = []
+        cpu = []
+        for t in range(ticks):
+            if mode == "churn":
+                for i, work in enumerate(workloads):
+                    slot = _slots(i + t + 1)[0]
+                    work.set_slot(0, slot)
+                    work.launch_kernel(now=1_700_000_000 + t)
+            start, start_cpu = time.perf_counter(), time.process_time()
+            await monitor.tick()
+            samples.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+        samples.sort()
+        figures: Figures = {
+            "tick_median_ms": statistics.median(samples) * 1e3,
+            "tick_p90_ms": samples[int(0.9 * (len(samples) - 1))] * 1e3,
+            "tick_max_ms": samples[-1] * 1e3,
+            # CPU time of this process only: less sensitive to other load on a shared host
+            "tick_cpu_median_ms": statistics.median(cpu) * 1e3,
+        }
+        for measure in MEASUREMENTS:
+            figures.update(await measure(monitor))
+        monitor.close()
+        return figures
+
+    figures = trio.run(run)
+    figures["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return figures
+
+
+# -- parent ---------------------------------------------------------------------------------
+
+
+def measure(hook: Path, n: int, ticks: int, mode: str) -> Figures:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", str(hook), str(n), str(ticks), mode],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"child for N={n} failed:\n{proc.stderr}")
+    figures: Figures = json.loads(proc.stdout)
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, nargs="+", default=[100, 1000, 2000])
+    parser.add_argument("--ticks", type=int, default=21)
+    parser.add_argument("--mode", choices=["static", "churn", "both"], default="both")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument(
+        "--child", nargs=4, metavar=("HOOK", "N", "TICKS", "MODE"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args()
+    if args.child:
+        hook, n, ticks, mode = args.child
+        print(json.dumps(child(Path(hook), int(n), int(ticks), mode)))
+        return 0
+
+    modes = ["static", "churn"] if args.mode == "both" else [args.mode]
+    env = environment()
+    results: dict[str, dict[str, Figures]] = {mode: {} for mode in modes}
+    with tempfile.TemporaryDirectory(prefix="hami-bench-") as tmp:
+        for n in args.n:
+            hook = Path(tmp) / f"n{n}"
+            build_tree(hook, n)
+            for mode in modes:
+                results[mode][str(n)] = measure(hook, n, args.ticks, mode)
+
+    if args.json:
+        print(json.dumps({"environment": env, "results": results}, indent=2))
+        return 0
+    print("environment: " + ", ".join(f"{k}={v}" for k, v in env.items()))
+    print(f"workload: v1 files, {DEVICES} devices, {LIVE_SLOTS} live slots, {args.ticks} ticks")
+    for mode in modes:
+        print(f"\n[{mode}]")
+        print(
+            f"{'N':>6} {'median ms':>10} {'p90 ms':>8} {'max ms':>8} {'cpu med ms':>11} "
+            f"{'peak RSS MB':>12}"
+        )
+        for n, fig in results[mode].items():
+            print(
+                f"{n:>6} {fig['tick_median_ms']:>10.2f} {fig['tick_p90_ms']:>8.2f} "
+                f"{fig['tick_max_ms']:>8.2f} {fig['tick_cpu_median_ms']:>11.2f} "
+                f"{fig['peak_rss_mb']:>12.1f}"
+            )
+            extra = {k: v for k, v in fig.items() if not k.startswith(("tick_", "peak_rss"))}
+            for key, value in extra.items():
+                print(f"{'':>6} {key} = {value:.3f}")
+        by_n = results[mode]
+        if "1000" in by_n:
+            k = by_n["1000"]
+            print(
+                f"targets N=1000: tick {k['tick_median_ms']:.1f} ms (<= 25), "
+                f"RSS {k['peak_rss_mb']:.0f} MB (<= 150)"
+            )
+            if "2000" in by_n:
+                ratio = by_n["2000"]["tick_median_ms"] / k["tick_median_ms"]
+                print(f"         N=2000 / N=1000 tick ratio {ratio:.2f} (<= 2.2)")
+            if "scrape_median_ms" in k:
+                print(
+                    f"         scrape median {k['scrape_median_ms']:.1f} ms, "
+                    f"p99 {k['scrape_p99_ms']:.1f} ms (<= 150)"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

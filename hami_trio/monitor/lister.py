@@ -1,0 +1,589 @@
+"""Container discovery: ``$HOOK_PATH/containers/*`` -> one snapshot per container per tick.
+
+How this works.  The device plugin creates ``$HOOK_PATH/containers/{PodUID}_{ContainerName}``
+for every container it gives a vGPU, and HAMi-core creates a ``.cache`` file in it on the
+container's first ``cuInit``.  Each :meth:`ContainerLister.update`:
+
+1. lists the containers directory once (entries sorted by name, so everything downstream is
+   deterministic); entries that are not real directories are skipped (a symlink with one
+   warning), names that do not split on the first ``_`` into two non-empty parts are
+   skipped with one warning each (not one per tick);
+2. asks the injected :class:`~hami_trio.monitor.podsource.PodSource` about the pod; when the
+   source is authoritative and does not know the pod, the directory is removed - with
+   ``shutil.rmtree`` relative to the directory descriptor, which never follows symlinks, in
+   a worker thread at the end of the tick - once its mtime is older than the resync
+   interval, after its file handle is closed;
+3. for a container with an open handle, ``lstat``\\ s the cache path and checks it still names
+   the open file (device, inode, regular, one link); if so, reads the live ranges; if not,
+   counts ``replaced``, closes the handle and re-lists the directory;
+4. re-lists a directory only when it has no usable handle: more than two names matching
+   ``libvgpu.so*`` or ``*.cache`` (or more than :data:`MAX_DIR_ENTRIES` entries) is
+   ``too_many_files``; otherwise the first ``*.cache`` by name is opened (see
+   :mod:`hami_trio.monitor.region`);
+5. closes the handles of directories that disappeared (upstream leaks their mappings).
+
+Rejections are reported once per change (the counter callback and one rate-limited log line
+naming the container), not every tick.  A file whose content is bad but which is still the
+same regular file keeps its handle and is re-read next tick: HAMi-core writes the magic
+last, so a file seen mid-initialisation loads on the next tick.
+
+The lister yields to trio every :data:`CHECKPOINT_EVERY` containers so a tick over thousands
+of containers neither starves other tasks nor ignores a cancellation (deadline, MIG lock) for
+long.  Cancellation leaves every container consistent and publishes nothing.
+
+API for the metrics collector and the daemon (read-only, never touches a file)::
+
+    view = lister.containers()        # Mapping[ContainerKey, ContainerState], latest tick
+    for key, state in view.items():
+        key.pod_uid, key.container_name, state.pod        # PodInfo or None
+        state.status                                      # LOADED / NO_CACHE_FILE / REJECTED
+        state.snapshot                                    # UsageSnapshot when LOADED
+        state.rejection                                   # (reason, message) when REJECTED
+
+The mapping is immutable and replaced as a whole at the end of each tick, so a scrape sees
+one consistent tick.  :class:`~hami_trio.monitor.loop.Monitor` exposes the same
+``containers()``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import shutil
+import stat
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import NamedTuple
+
+import trio
+
+from hami_trio.errors import CacheFileRejected
+from hami_trio.logs import RateLimiter
+from hami_trio.monitor.feedback import Write
+from hami_trio.monitor.layout import ControlField, RejectReason
+from hami_trio.monitor.podsource import PodInfo, PodSource
+from hami_trio.monitor.region import RegionHandle
+from hami_trio.monitor.usage import UsageSnapshot
+
+__all__ = [
+    "CHECKPOINT_EVERY",
+    "MAX_DIR_ENTRIES",
+    "ContainerKey",
+    "ContainerLister",
+    "ContainerState",
+    "ContainerStatus",
+    "Rejection",
+    "parse_container_dirname",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Containers handled between two trio checkpoints.
+CHECKPOINT_EVERY = 64
+#: Entries read from one container directory before giving up on it (HAMi-core keeps 1-3).
+MAX_DIR_ENTRIES = 1024
+_LIBVGPU = "libvgpu.so"
+_CACHE_SUFFIX = ".cache"
+
+
+class ContainerKey(NamedTuple):
+    """A container directory ``{pod_uid}_{container_name}``, split on the first ``_``."""
+
+    pod_uid: str
+    container_name: str
+
+    @property
+    def dirname(self) -> str:
+        """The directory name this key came from."""
+        return f"{self.pod_uid}_{self.container_name}"
+
+
+def parse_container_dirname(name: str) -> ContainerKey | None:
+    """Split a container directory name on the first ``_``.
+
+    Returns:
+        The key, or None when there is no ``_`` or either part is empty (HAMi's rule).
+    """
+    pod_uid, sep, container = name.partition("_")
+    if not sep or not pod_uid or not container:
+        return None
+    return ContainerKey(pod_uid, container)
+
+
+class ContainerStatus(enum.Enum):
+    """Where a container stands this tick."""
+
+    LOADED = "loaded"  # snapshot is set
+    NO_CACHE_FILE = "no_cache_file"  # directory exists, HAMi-core has not created the file yet
+    REJECTED = "rejected"  # rejection is set
+
+
+class Rejection(NamedTuple):
+    """Why a container's file was not used this tick."""
+
+    reason: RejectReason
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerState:
+    """One container as of the latest tick.  Immutable; safe to share between tasks."""
+
+    key: ContainerKey
+    directory: str
+    cache_file: str | None
+    status: ContainerStatus
+    snapshot: UsageSnapshot | None
+    rejection: Rejection | None
+    pod: PodInfo | None
+
+    @property
+    def pod_uid(self) -> str:
+        """The pod UID from the directory name."""
+        return self.key.pod_uid
+
+    @property
+    def container_name(self) -> str:
+        """The container name from the directory name."""
+        return self.key.container_name
+
+
+class _Tracked:
+    """What the lister keeps between ticks for one directory (mutable, private)."""
+
+    __slots__ = ("cache_name", "directory", "handle", "key", "last_reason", "last_state")
+
+    def __init__(self, key: ContainerKey, directory: str) -> None:
+        self.key = key
+        self.directory = directory
+        self.handle: RegionHandle | None = None
+        self.cache_name: str | None = None
+        self.last_reason: RejectReason | None = None
+        self.last_state: ContainerState | None = None
+
+    def drop_handle(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+        self.handle = None
+
+
+class ContainerLister:
+    """Discovers containers under ``containers_dir`` and reads their regions each tick.
+
+    Args:
+        containers_dir: ``$HOOK_PATH/containers``.
+        pod_source: which pods exist (deletion happens only while it is authoritative).
+        resync_interval: seconds a directory of an unknown pod must be untouched (mtime)
+            before it is removed.
+        on_reject: called with the reason token each time a container enters a rejection
+            (the self-metrics counter).
+        wall_clock: Unix time source, compared with directory mtimes (injectable for tests).
+        log_interval: seconds between two log lines about the same container.
+    """
+
+    def __init__(
+        self,
+        containers_dir: str | os.PathLike[str],
+        pod_source: PodSource,
+        *,
+        resync_interval: float = 300.0,
+        on_reject: Callable[[str], None] | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        log_interval: float = 60.0,
+    ) -> None:
+        self._root = os.fspath(containers_dir)
+        self._pods = pod_source
+        self._resync = resync_interval
+        self._on_reject = on_reject
+        self._wall_clock = wall_clock
+        self._tracked: dict[str, _Tracked] = {}
+        self._doomed: list[str] = []
+        self._warned: set[str] = set()
+        self._root_missing_logged = False
+        self._limiter = RateLimiter(log_interval, max_keys=4096)
+        self._view: Mapping[ContainerKey, ContainerState] = MappingProxyType({})
+
+    # -- the read-only view ----------------------------------------------------------------
+
+    def containers(self) -> Mapping[ContainerKey, ContainerState]:
+        """The latest tick's containers (immutable; see the module docstring)."""
+        return self._view
+
+    @property
+    def containers_dir(self) -> str:
+        """The directory this lister scans."""
+        return self._root
+
+    # -- one tick --------------------------------------------------------------------------
+
+    async def update(self) -> Mapping[ContainerKey, ContainerState]:
+        """Scan, clean up, read every container, publish and return the new view.
+
+        Checkpoints every :data:`CHECKPOINT_EVERY` containers.  If cancelled there, nothing
+        is published and the previous view stays; the next call starts over.
+        """
+        self._doomed = []
+        try:
+            root_fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if not self._root_missing_logged:
+                logger.info(
+                    "%s does not exist yet (the device plugin creates it with the first "
+                    "vGPU container); no containers",
+                    self._root,
+                )
+                self._root_missing_logged = True
+            self._forget(set())
+            self._view = MappingProxyType({})
+            return self._view
+        except OSError as exc:
+            self._limiter.log(
+                logger, logging.ERROR, "root", "cannot open %s: %s", self._root, exc.strerror
+            )
+            self._forget(set())
+            self._view = MappingProxyType({})
+            return self._view
+        self._root_missing_logged = False
+        try:
+            try:
+                with os.scandir(root_fd) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError as exc:
+                self._limiter.log(
+                    logger, logging.ERROR, "root", "cannot list %s: %s", self._root, exc.strerror
+                )
+                entries = []
+            states: dict[ContainerKey, ContainerState] = {}
+            seen: set[str] = set()
+            now = self._wall_clock()
+            for count, entry in enumerate(entries, 1):
+                state = self._visit(root_fd, entry, now)
+                if state is not None:
+                    seen.add(entry.name)
+                    states[state.key] = state
+                if count % CHECKPOINT_EVERY == 0:
+                    await trio.lowlevel.checkpoint()
+        finally:
+            os.close(root_fd)
+        self._forget(seen)
+        self._warned.intersection_update(entry.name for entry in entries)
+        self._view = MappingProxyType(states)
+        doomed, self._doomed = self._doomed, []
+        for name in doomed:
+            await trio.to_thread.run_sync(self._remove, name)
+        return self._view
+
+    def _warn_once(self, name: str, msg: str, *args: object) -> None:
+        if name not in self._warned:
+            self._warned.add(name)
+            logger.warning(msg, *args)
+
+    def _visit(self, root_fd: int, entry: os.DirEntry[str], now: float) -> ContainerState | None:
+        name = entry.name
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+            is_link = not is_dir and entry.is_symlink()
+        except OSError:
+            return None
+        if not is_dir:
+            if is_link:
+                self._warn_once(name, "skipping symlink %r in %s", name, self._root)
+            return None
+        key = parse_container_dirname(name)
+        if key is None:
+            self._warn_once(
+                name, "skipping directory with unexpected name %r (want PodUID_Container)", name
+            )
+            return None
+        pod = self._pods.lookup(key.pod_uid)
+        if pod is None and self._pods.authoritative and self._expired(entry, now):
+            tracked = self._tracked.pop(name, None)
+            if tracked is not None:
+                tracked.drop_handle()
+            self._doomed.append(name)
+            return None
+        tracked = self._tracked.get(name)
+        if tracked is None:
+            tracked = self._tracked[name] = _Tracked(key, os.path.join(self._root, name))
+        return self._refresh(root_fd, tracked, pod)
+
+    def _expired(self, entry: os.DirEntry[str], now: float) -> bool:
+        try:
+            mtime = entry.stat(follow_symlinks=False).st_mtime
+        except OSError:
+            return False
+        return now - mtime >= self._resync
+
+    def _remove(self, name: str) -> None:
+        """Delete one container directory (runs in a worker thread: a tenant may have filled
+        it with millions of files, which must not stall the event loop)."""
+        logger.info(
+            "removing %s/%s: its pod is gone and it is older than the resync interval (%gs)",
+            self._root,
+            name,
+            self._resync,
+        )
+        try:
+            root_fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                # fd-based rmtree: never follows a symlink placed inside by a tenant.
+                shutil.rmtree(name, dir_fd=root_fd)
+            finally:
+                os.close(root_fd)
+        except OSError as exc:
+            self._limiter.log(
+                logger,
+                logging.WARNING,
+                ("rmtree", name),
+                "cannot remove %s/%s: %s",
+                self._root,
+                name,
+                exc,
+            )
+
+    def _forget(self, seen: set[str]) -> None:
+        for name in [n for n in self._tracked if n not in seen]:
+            self._tracked.pop(name).drop_handle()
+
+    def _state(
+        self,
+        tracked: _Tracked,
+        pod: PodInfo | None,
+        status: ContainerStatus,
+        snapshot: UsageSnapshot | None = None,
+        rejection: Rejection | None = None,
+    ) -> ContainerState:
+        last = tracked.last_state
+        if (
+            last is not None
+            and last.snapshot is snapshot
+            and (last.pod is pod or last.pod == pod)
+            and last.status is status
+            and last.rejection == rejection
+            and last.cache_file == tracked.cache_name
+        ):
+            return last  # nothing changed: keep the same immutable object
+        state = tracked.last_state = ContainerState(
+            key=tracked.key,
+            directory=tracked.directory,
+            cache_file=tracked.cache_name,
+            status=status,
+            snapshot=snapshot,
+            rejection=rejection,
+            pod=pod,
+        )
+        return state
+
+    def _reject(
+        self, tracked: _Tracked, pod: PodInfo | None, exc: CacheFileRejected
+    ) -> ContainerState:
+        reason = RejectReason(exc.reason)
+        if reason != tracked.last_reason:
+            tracked.last_reason = reason
+            if self._on_reject is not None:
+                self._on_reject(reason.value)
+            self._limiter.log(
+                logger,
+                logging.WARNING,
+                ("reject", tracked.key.dirname),
+                "container %s (pod %s): ignoring its cache file: %s",
+                tracked.key.dirname,
+                tracked.key.pod_uid,
+                exc,
+            )
+        return self._state(
+            tracked, pod, ContainerStatus.REJECTED, rejection=Rejection(reason, str(exc))
+        )
+
+    def _refresh(self, root_fd: int, tracked: _Tracked, pod: PodInfo | None) -> ContainerState:
+        dirname = tracked.key.dirname
+        handle = tracked.handle
+        if handle is not None:
+            try:
+                st = os.stat(
+                    f"{dirname}/{tracked.cache_name}", dir_fd=root_fd, follow_symlinks=False
+                )
+            except FileNotFoundError:
+                tracked.drop_handle()
+            except OSError as exc:
+                tracked.drop_handle()
+                return self._reject(
+                    tracked,
+                    pod,
+                    CacheFileRejected(
+                        RejectReason.IO_ERROR, f"{handle.display}: cannot stat: {exc.strerror}"
+                    ),
+                )
+            else:
+                if handle.matches(st):
+                    return self._read(tracked, pod, handle, st.st_size)
+                tracked.drop_handle()
+                # Counted and logged even if the new file loads: somebody swapped the file.
+                self._report_replaced(tracked, handle.display, st)
+        return self._open(root_fd, tracked, pod)
+
+    def _report_replaced(self, tracked: _Tracked, display: str, st: os.stat_result) -> None:
+        if self._on_reject is not None:
+            self._on_reject(RejectReason.REPLACED.value)
+        self._limiter.log(
+            logger,
+            logging.WARNING,
+            ("replaced", tracked.key.dirname),
+            "container %s (pod %s): %s was replaced (now a %s); re-opening",
+            tracked.key.dirname,
+            tracked.key.pod_uid,
+            display,
+            "regular file" if stat.S_ISREG(st.st_mode) else "non-regular file",
+        )
+
+    def _read(
+        self, tracked: _Tracked, pod: PodInfo | None, handle: RegionHandle, size: int
+    ) -> ContainerState:
+        try:
+            snapshot = handle.read(size)
+        except CacheFileRejected as exc:
+            return self._reject(tracked, pod, exc)
+        if tracked.last_reason is not None:
+            logger.info("container %s: cache file loads again", tracked.key.dirname)
+            tracked.last_reason = None
+        return self._state(tracked, pod, ContainerStatus.LOADED, snapshot=snapshot)
+
+    def _list(self, root_fd: int, dirname: str) -> list[str] | None:
+        """The names in a container directory, sorted; None if there are more than
+        :data:`MAX_DIR_ENTRIES` (the scan stops there: a tenant can create millions)."""
+        fd = os.open(
+            dirname, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd
+        )
+        try:
+            names: list[str] = []
+            with os.scandir(fd) as it:
+                for entry in it:
+                    if len(names) == MAX_DIR_ENTRIES:
+                        return None
+                    names.append(entry.name)
+            return sorted(names)
+        finally:
+            os.close(fd)
+
+    def _open(self, root_fd: int, tracked: _Tracked, pod: PodInfo | None) -> ContainerState:
+        dirname = tracked.key.dirname
+        display_dir = tracked.directory
+        try:
+            names = self._list(root_fd, dirname)
+        except OSError as exc:
+            tracked.cache_name = None
+            return self._reject(
+                tracked,
+                pod,
+                CacheFileRejected(
+                    RejectReason.IO_ERROR, f"{display_dir}: cannot list: {exc.strerror}"
+                ),
+            )
+        if names is None:
+            tracked.cache_name = None
+            return self._reject(
+                tracked,
+                pod,
+                CacheFileRejected(
+                    RejectReason.TOO_MANY_FILES,
+                    f"{display_dir}: more than {MAX_DIR_ENTRIES} entries; not looking further",
+                ),
+            )
+        matching = [n for n in names if _LIBVGPU in n or n.endswith(_CACHE_SUFFIX)]
+        if len(matching) > 2:
+            tracked.cache_name = None
+            return self._reject(
+                tracked,
+                pod,
+                CacheFileRejected(
+                    RejectReason.TOO_MANY_FILES,
+                    f"{display_dir}: {len(matching)} files match libvgpu.so*/*.cache "
+                    f"(at most 2): {', '.join(sorted(matching)[:5])}",
+                ),
+            )
+        caches = [n for n in matching if n.endswith(_CACHE_SUFFIX) and _LIBVGPU not in n]
+        if not caches:
+            tracked.cache_name = None
+            tracked.last_reason = None
+            return self._state(tracked, pod, ContainerStatus.NO_CACHE_FILE)
+        tracked.cache_name = caches[0]
+        display = os.path.join(display_dir, caches[0])
+        try:
+            dir_fd = os.open(
+                dirname,
+                os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                dir_fd=root_fd,
+            )
+        except OSError as exc:
+            return self._reject(
+                tracked,
+                pod,
+                CacheFileRejected(
+                    RejectReason.IO_ERROR, f"{display_dir}: cannot open: {exc.strerror}"
+                ),
+            )
+        try:
+            handle = RegionHandle.open_at(dir_fd, caches[0], display=display)
+        except FileNotFoundError:
+            # Vanished between the listing and the open; look again next tick.
+            tracked.cache_name = None
+            return self._state(tracked, pod, ContainerStatus.NO_CACHE_FILE)
+        except CacheFileRejected as exc:
+            return self._reject(tracked, pod, exc)
+        finally:
+            os.close(dir_fd)
+        tracked.handle = handle
+        try:
+            size = handle.size()
+        except CacheFileRejected as exc:
+            return self._reject(tracked, pod, exc)
+        return self._read(tracked, pod, handle, size)
+
+    # -- feedback writes -------------------------------------------------------------------
+
+    def apply(self, writes: Iterable[Write[ContainerKey]]) -> int:
+        """Store the feedback writes through the handles the snapshots were read from.
+
+        Writes are grouped per container (one size check, then one ``pwrite`` per word).  A
+        container with no open handle any more, or whose file changed size since it was
+        read, is skipped (logged, rate-limited); the next tick decides again.
+
+        Returns:
+            How many words were written.
+        """
+        grouped: dict[ContainerKey, list[tuple[ControlField, int]]] = {}
+        for write in writes:
+            grouped.setdefault(write.key, []).append((write.field, write.value))
+        done = 0
+        for key, values in grouped.items():
+            tracked = self._tracked.get(key.dirname)
+            if tracked is None or tracked.handle is None:
+                continue
+            try:
+                tracked.handle.write_controls(values)
+            except CacheFileRejected as exc:
+                self._limiter.log(
+                    logger,
+                    logging.WARNING,
+                    ("write", key.dirname),
+                    "container %s: not writing %s: %s",
+                    key.dirname,
+                    ", ".join(f"{field.value}={value}" for field, value in values),
+                    exc,
+                )
+                continue
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug(
+                    "container %s: %s",
+                    key.dirname,
+                    ", ".join(f"{field.value}<-{value}" for field, value in values),
+                )
+            done += len(values)
+        return done
+
+    def close(self) -> None:
+        """Close every handle (the view stays readable)."""
+        self._forget(set())

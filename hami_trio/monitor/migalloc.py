@@ -1,0 +1,245 @@
+"""Decoding of the ``hami.io/vgpu-mig-allocations`` pod annotation (pure).
+
+HAMi's scheduler writes, for a pod that got MIG devices, a JSON list of allocations; the
+device plugin fills in the runtime identity (``migUUID``, ``gpuInstanceID``,
+``computeInstanceID``) once the MIG device exists.  The metrics collector turns every complete
+allocation into one ``hami_mig_device_info`` row.
+
+This module accepts exactly what HAMi's Go decoder (``DecodeMigAllocations`` on top of
+``encoding/json``) accepts, so the same annotation gives the same rows:
+
+- the value is a JSON array (or ``null``, or empty: no allocations) of objects;
+- object keys match field names exactly or, failing that, case-insensitively (Go's rule);
+  unknown keys are ignored; a ``null`` value leaves the field at its zero value;
+- ``containerIndex``/``deviceIndex`` are integers (no fraction, no exponent, within int64),
+  ``gpuInstanceID``/``computeInstanceID`` and ``placement.start``/``size`` are uint32, the rest
+  strings; any other JSON type is an error;
+- every allocation needs ``containerIndex >= 0``, ``deviceIndex >= 0``, a ``gpuUUID``, a
+  ``profile`` and ``placement.size > 0``; the runtime identity is all three fields or none; a
+  ``(containerIndex, deviceIndex)`` pair appears once.
+
+Any error rejects the whole annotation (:class:`MigAnnotationError`): the collector skips
+that pod's MIG rows with one warning, as upstream does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+__all__ = [
+    "MIG_ALLOCATIONS_ANNOTATION",
+    "MigAllocation",
+    "MigAnnotationError",
+    "decode_mig_allocations",
+    "mig_container_name",
+]
+
+#: The pod annotation HAMi's scheduler and device plugin write.
+MIG_ALLOCATIONS_ANNOTATION: Final = "hami.io/vgpu-mig-allocations"
+
+_INT64: Final = (-(1 << 63), (1 << 63) - 1)
+_UINT32: Final = (0, (1 << 32) - 1)
+
+
+class MigAnnotationError(ValueError):
+    """The annotation is not a valid list of MIG allocations (the message says where)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MigAllocation:
+    """One MIG device reserved for one container (runtime fields None until realised)."""
+
+    container_index: int
+    device_index: int
+    gpu_uuid: str
+    profile: str
+    placement_start: int
+    placement_size: int
+    mig_uuid: str = ""
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+    @property
+    def realised(self) -> bool:
+        """Whether the device plugin filled in the runtime identity (a metrics row exists)."""
+        return (
+            bool(self.mig_uuid)
+            and self.gpu_instance_id is not None
+            and self.compute_instance_id is not None
+        )
+
+
+def _reject_constant(name: str) -> float:
+    raise MigAnnotationError(f"invalid JSON value {name}")  # NaN/Infinity: Go rejects them
+
+
+class _Object(list[tuple[str, Any]]):
+    """A JSON object as its key/value pairs in order (duplicates kept, as Go sees them)."""
+
+
+def _fields(
+    obj: _Object, names: Sequence[str], pointers: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """Map JSON keys onto field names like encoding/json.
+
+    A key matches a field exactly or, failing that, case-insensitively; the last matching
+    key wins.  ``null`` resets a pointer field (in ``pointers``) to nil and leaves any other
+    field as it was.
+    """
+    folded = {name.lower(): name for name in names}
+    values: dict[str, Any] = {}
+    for key, value in obj:
+        name = key if key in names else folded.get(key.lower())
+        if name is None:
+            continue
+        if value is None:
+            if name in pointers:
+                values.pop(name, None)
+            continue
+        values[name] = value
+    return values
+
+
+def _integer(value: Any, bounds: tuple[int, int], where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MigAnnotationError(f"{where}: expected an integer, got {json.dumps(value)}")
+    if not bounds[0] <= value <= bounds[1]:
+        raise MigAnnotationError(f"{where}: {value} is out of range")
+    return value
+
+
+def _string(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise MigAnnotationError(f"{where}: expected a string, got {json.dumps(value)}")
+    return value
+
+
+def _placement(value: Any, where: str) -> tuple[int, int]:
+    if value is None:
+        return 0, 0
+    if not isinstance(value, _Object):
+        raise MigAnnotationError(f"{where}: expected an object")
+    fields = _fields(value, ("start", "size"))
+    start = fields.get("start")
+    size = fields.get("size")
+    return (
+        0 if start is None else _integer(start, _UINT32, f"{where}.start"),
+        0 if size is None else _integer(size, _UINT32, f"{where}.size"),
+    )
+
+
+_POINTERS: Final = frozenset({"gpuInstanceID", "computeInstanceID"})
+_NAMES: Final = (
+    "containerIndex",
+    "deviceIndex",
+    "gpuUUID",
+    "profile",
+    "placement",
+    "migUUID",
+    "gpuInstanceID",
+    "computeInstanceID",
+)
+
+
+def _allocation(value: Any, index: int) -> MigAllocation:
+    where = f"allocation {index}"
+    if value is None:
+        value = _Object()  # Go leaves a null element at its zero value (rejected below)
+    if not isinstance(value, _Object):
+        raise MigAnnotationError(f"{where}: expected an object")
+    fields = _fields(value, _NAMES, _POINTERS)
+    start, size = _placement(fields.get("placement"), f"{where}.placement")
+    allocation = MigAllocation(
+        container_index=_integer(
+            fields.get("containerIndex", 0), _INT64, f"{where}.containerIndex"
+        ),
+        device_index=_integer(fields.get("deviceIndex", 0), _INT64, f"{where}.deviceIndex"),
+        gpu_uuid=_string(fields.get("gpuUUID", ""), f"{where}.gpuUUID"),
+        profile=_string(fields.get("profile", ""), f"{where}.profile"),
+        placement_start=start,
+        placement_size=size,
+        mig_uuid=_string(fields.get("migUUID", ""), f"{where}.migUUID"),
+        gpu_instance_id=(
+            None
+            if "gpuInstanceID" not in fields
+            else _integer(fields["gpuInstanceID"], _UINT32, f"{where}.gpuInstanceID")
+        ),
+        compute_instance_id=(
+            None
+            if "computeInstanceID" not in fields
+            else _integer(fields["computeInstanceID"], _UINT32, f"{where}.computeInstanceID")
+        ),
+    )
+    if (
+        allocation.container_index < 0
+        or allocation.device_index < 0
+        or not allocation.gpu_uuid
+        or not allocation.profile
+        or allocation.placement_size == 0
+    ):
+        raise MigAnnotationError(f"MIG allocation {index} is incomplete")
+    runtime = (
+        bool(allocation.mig_uuid)
+        + (allocation.gpu_instance_id is not None)
+        + (allocation.compute_instance_id is not None)
+    )
+    if runtime not in (0, 3):
+        raise MigAnnotationError(f"MIG allocation {index} has partial runtime identity")
+    return allocation
+
+
+def decode_mig_allocations(raw: str | None) -> tuple[MigAllocation, ...]:
+    """Decode the annotation value (see the module docstring for the rules).
+
+    Args:
+        raw: the annotation value; None or ``""`` means no allocations.
+
+    Returns:
+        Every allocation, realised or not, in annotation order.
+
+    Raises:
+        MigAnnotationError: the value is not a valid allocation list.
+    """
+    if not raw:
+        return ()
+    try:
+        doc = json.loads(raw, parse_constant=_reject_constant, object_pairs_hook=_Object)
+    except MigAnnotationError:
+        raise
+    except ValueError as exc:
+        raise MigAnnotationError(f"not JSON: {exc}") from exc
+    if doc is None:
+        return ()
+    if not isinstance(doc, list) or isinstance(doc, _Object):
+        raise MigAnnotationError("expected a JSON array of allocations")
+    allocations = tuple(_allocation(value, index) for index, value in enumerate(doc))
+    seen: set[tuple[int, int]] = set()
+    for allocation in allocations:
+        key = (allocation.container_index, allocation.device_index)
+        if key in seen:
+            raise MigAnnotationError(
+                f"duplicate MIG allocation for container {key[0]} device {key[1]}"
+            )
+        seen.add(key)
+    return allocations
+
+
+def mig_container_name(
+    init_containers: Sequence[str], containers: Sequence[str], index: int
+) -> str | None:
+    """The container a ``containerIndex`` names: init containers first, then containers.
+
+    Returns:
+        The name, or None when the index is negative or past the last container.
+    """
+    if index < 0:
+        return None
+    if index < len(init_containers):
+        return init_containers[index]
+    index -= len(init_containers)
+    if index >= len(containers):
+        return None
+    return containers[index]

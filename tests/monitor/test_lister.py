@@ -1,0 +1,373 @@
+"""ContainerLister: discovery, HAMi's loadCache/Update cases, cleanup, identity checks."""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from hami_trio.monitor.builder import RegionSpec, SimulatedWorkload, region_pieces, write_region
+from hami_trio.monitor.feedback import Write
+from hami_trio.monitor.layout import LAYOUTS, ControlField, Format, RejectReason
+from hami_trio.monitor.lister import (
+    CHECKPOINT_EVERY,
+    MAX_DIR_ENTRIES,
+    ContainerKey,
+    ContainerLister,
+    ContainerStatus,
+    parse_container_dirname,
+)
+from hami_trio.monitor.podsource import PodInfo, StaticPodSource
+
+V1 = LAYOUTS[Format.V1]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / "containers"
+    path.mkdir()
+    return path
+
+
+def container(root: Path, name: str, *files: str, priority: int = 1) -> Path:
+    directory = root / name
+    directory.mkdir()
+    for file in files:
+        write_region(directory / file, RegionSpec(priority=priority, uuids=["GPU-0"]))
+    return directory
+
+
+class Rejections:
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def __call__(self, reason: str) -> None:
+        self.seen.append(reason)
+
+
+def make(root: Path, source: StaticPodSource | None = None, **kw: object) -> ContainerLister:
+    return ContainerLister(root, source or StaticPodSource(), **kw)  # type: ignore[arg-type]
+
+
+def key(name: str) -> ContainerKey:
+    parsed = parse_container_dirname(name)
+    assert parsed is not None
+    return parsed
+
+
+def test_dirname_split_on_the_first_underscore() -> None:
+    assert parse_container_dirname("uid_ctr") == ContainerKey("uid", "ctr")
+    assert parse_container_dirname("uid_ctr_with_more") == ContainerKey("uid", "ctr_with_more")
+    assert parse_container_dirname("uid_ctr_with_more").dirname == "uid_ctr_with_more"  # type: ignore[union-attr]
+    for bad in ("nodashes", "uid_", "_ctr", "_"):
+        assert parse_container_dirname(bad) is None
+
+
+# -- HAMi's loadCache cases, at the directory level -----------------------------------------
+
+
+async def test_too_many_files_is_an_error_for_that_directory(root: Path) -> None:
+    directory = container(root, "u_c")
+    for name in ("a.cache", "b.cache", "c.cache"):
+        (directory / name).write_bytes(b"x")
+    rejections = Rejections()
+    state = (await make(root, on_reject=rejections).update())[key("u_c")]
+    assert state.status is ContainerStatus.REJECTED
+    assert state.rejection is not None
+    assert state.rejection.reason is RejectReason.TOO_MANY_FILES
+    assert rejections.seen == ["too_many_files"]
+
+
+async def test_libvgpu_and_cache_count_together(root: Path) -> None:
+    directory = container(root, "u_c", "x.cache")
+    (directory / "libvgpu.so").write_bytes(b"x")
+    (directory / "libvgpu.so.1").write_bytes(b"x")
+    state = (await make(root).update())[key("u_c")]
+    assert state.rejection is not None
+    assert state.rejection.reason is RejectReason.TOO_MANY_FILES
+
+
+async def test_a_directory_with_too_many_entries_is_not_scanned_to_the_end(root: Path) -> None:
+    directory = container(root, "u_c")
+    for i in range(MAX_DIR_ENTRIES + 1):
+        (directory / f"f{i:05d}").touch()
+    state = (await make(root).update())[key("u_c")]
+    assert state.rejection is not None
+    assert state.rejection.reason is RejectReason.TOO_MANY_FILES
+    assert f"more than {MAX_DIR_ENTRIES} entries" in state.rejection.message
+
+
+async def test_unrelated_files_and_cache_suffix_in_the_middle_are_ignored(root: Path) -> None:
+    directory = container(root, "u_c", "x.cache")
+    for name in ("notes.txt", "debug.log", "debug.cache.bak", "trace.cache.tmp"):
+        (directory / name).write_bytes(b"x")
+    state = (await make(root).update())[key("u_c")]
+    assert state.status is ContainerStatus.LOADED
+    assert state.cache_file == "x.cache"
+
+
+async def test_empty_directory_and_no_matching_file_mean_no_cuinit_yet(root: Path) -> None:
+    container(root, "u1_c")
+    other = container(root, "u2_c")
+    (other / "libvgpu.so").write_bytes(b"x")
+    (other / "notes.txt").write_bytes(b"x")
+    view = await make(root).update()
+    assert view[key("u1_c")].status is ContainerStatus.NO_CACHE_FILE
+    assert view[key("u2_c")].status is ContainerStatus.NO_CACHE_FILE
+    assert view[key("u2_c")].snapshot is None
+
+
+async def test_first_cache_file_by_name_is_chosen(root: Path) -> None:
+    directory = container(root, "u_c")
+    write_region(directory / "b.cache", RegionSpec(priority=2))
+    write_region(directory / "a.cache", RegionSpec(priority=1))
+    state = (await make(root).update())[key("u_c")]
+    assert state.cache_file == "a.cache"
+    assert state.snapshot is not None
+    assert state.snapshot.priority == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "size", "reason"),
+    [
+        (b"tiny", 4, RejectReason.TOO_SMALL),
+        (b"", 64, RejectReason.MAGIC),
+        (struct.pack("<iii", 19920718, 1, 1), 2008985, RejectReason.UNKNOWN_VERSION),
+    ],
+)
+async def test_bad_files_are_rejected_per_container(
+    root: Path, content: bytes, size: int, reason: RejectReason
+) -> None:
+    directory = container(root, "bad_c")
+    (directory / "x.cache").write_bytes(content)
+    os.truncate(directory / "x.cache", size)
+    container(root, "good_c", "x.cache")
+    view = await make(root).update()
+    rejection = view[key("bad_c")].rejection
+    assert rejection is not None
+    assert rejection.reason is reason
+    assert view[key("good_c")].status is ContainerStatus.LOADED
+
+
+@pytest.mark.parametrize("fmt", list(Format))
+async def test_v0_and_v1_files_load(root: Path, fmt: Format) -> None:
+    directory = container(root, "u_c")
+    write_region(directory / "x.cache", RegionSpec(format=fmt, num=2, limits=[1, 2]))
+    state = (await make(root).update())[key("u_c")]
+    assert state.snapshot is not None
+    assert state.snapshot.format is fmt
+    assert [d.memory_limit for d in state.snapshot.devices] == [1, 2]
+
+
+# -- HAMi's Update cases ---------------------------------------------------------------------
+
+
+async def test_missing_containers_dir_is_an_empty_view(tmp_path: Path) -> None:
+    lister = make(tmp_path / "missing")
+    assert await lister.update() == {}
+    assert lister.containers() == {}
+
+
+async def test_non_directory_entries_are_skipped(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (root / "stray-file").write_bytes(b"x")
+    target = container(root, "real_c", "x.cache")
+    (root / "link_c").symlink_to(target)
+    lister = make(root)
+    with caplog.at_level(logging.WARNING, logger="hami_trio.monitor.lister"):
+        for _ in range(3):
+            view = await lister.update()
+    assert list(view) == [key("real_c")]
+    assert sum("symlink 'link_c'" in r.getMessage() for r in caplog.records) == 1
+
+
+async def test_malformed_names_are_skipped_with_one_warning_each(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    for name in ("nodashes", "uid_"):
+        container(root, name, "x.cache")
+    lister = make(root)
+    with caplog.at_level(logging.WARNING, logger="hami_trio.monitor.lister"):
+        for _ in range(3):
+            assert await lister.update() == {}
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("'nodashes'" in m for m in messages) == 1
+    assert sum("'uid_'" in m for m in messages) == 1
+
+
+async def test_new_container_has_pod_uid_container_name_and_pod(root: Path) -> None:
+    container(root, "uid4_mycontainer", "x.cache")
+    pod = PodInfo(uid="uid4", namespace="ns", name="p", containers=("mycontainer",))
+    state = (await make(root, StaticPodSource([pod])).update())[key("uid4_mycontainer")]
+    assert (state.pod_uid, state.container_name, state.pod) == ("uid4", "mycontainer", pod)
+    assert state.directory == str(root / "uid4_mycontainer")
+
+
+async def test_tracked_entry_keeps_its_handle_and_state_object(root: Path) -> None:
+    container(root, "u_c", "x.cache")
+    lister = make(root)
+    first = (await lister.update())[key("u_c")]
+    handle = lister._tracked["u_c"].handle
+    second = (await lister.update())[key("u_c")]
+    assert lister._tracked["u_c"].handle is handle
+    assert second is first  # nothing changed: the same immutable state
+
+
+async def test_recently_modified_dir_of_unknown_pod_is_kept(root: Path) -> None:
+    container(root, "gone_c", "x.cache")
+    lister = make(root, StaticPodSource([]), resync_interval=300)
+    view = await lister.update()
+    assert (root / "gone_c").is_dir()
+    assert view[key("gone_c")].pod is None
+    assert view[key("gone_c")].status is ContainerStatus.LOADED
+
+
+async def test_old_dir_of_unknown_pod_is_removed_and_its_handle_closed(root: Path) -> None:
+    directory = container(root, "gone_c", "x.cache")
+    container(root, "live_c", "x.cache")
+    source = StaticPodSource([PodInfo(uid="gone", namespace="n", name="p")])
+    lister = make(root, source, resync_interval=300)
+    await lister.update()
+    handle = lister._tracked["gone_c"].handle
+    assert handle is not None
+    source_now = StaticPodSource([PodInfo(uid="live", namespace="n", name="q")])
+    lister._pods = source_now
+    old = time.time() - 301
+    os.utime(directory, (old, old))
+    view = await lister.update()
+    assert list(view) == [key("live_c")]
+    assert not directory.exists()
+    assert handle.closed
+
+
+async def test_without_kubernetes_nothing_is_ever_deleted(root: Path) -> None:
+    directory = container(root, "any_c", "x.cache")
+    old = time.time() - 10 * 86400
+    os.utime(directory, (old, old))
+    view = await make(root, StaticPodSource(), resync_interval=0).update()
+    assert directory.is_dir()
+    assert view[key("any_c")].status is ContainerStatus.LOADED
+
+
+async def test_removal_never_follows_a_symlink_inside(root: Path, tmp_path: Path) -> None:
+    precious = tmp_path / "host"
+    precious.mkdir()
+    (precious / "data").write_text("keep")
+    directory = container(root, "gone_c", "x.cache")
+    (directory / "escape").symlink_to(precious)
+    old = time.time() - 1000
+    os.utime(directory, (old, old))
+    await make(root, StaticPodSource([]), resync_interval=60).update()
+    assert not directory.exists()
+    assert (precious / "data").read_text() == "keep"
+
+
+async def test_vanished_directory_closes_its_handle(root: Path) -> None:
+    directory = container(root, "u_c", "x.cache")
+    lister = make(root)
+    await lister.update()
+    handle = lister._tracked["u_c"].handle
+    assert handle is not None
+    (directory / "x.cache").unlink()
+    directory.rmdir()
+    assert await lister.update() == {}
+    assert handle.closed
+    assert "u_c" not in lister._tracked
+
+
+# -- identity and rejection bookkeeping -----------------------------------------------------
+
+
+async def test_replaced_file_is_detected_counted_and_reloaded(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = container(root, "u_c", "x.cache", priority=1)
+    rejections = Rejections()
+    lister = make(root, on_reject=rejections)
+    await lister.update()
+    old = lister._tracked["u_c"].handle
+    write_region(directory / "new", RegionSpec(priority=9))
+    os.replace(directory / "new", directory / "x.cache")
+    with caplog.at_level(logging.WARNING, logger="hami_trio.monitor.lister"):
+        state = (await lister.update())[key("u_c")]
+    assert state.snapshot is not None
+    assert state.snapshot.priority == 9
+    assert old is not None
+    assert old.closed
+    assert rejections.seen == ["replaced"]
+    assert any("u_c" in r.getMessage() and "replaced" in r.getMessage() for r in caplog.records)
+
+
+async def test_rejection_counted_once_and_recovery_logged(root: Path) -> None:
+    directory = container(root, "u_c")
+    (directory / "x.cache").write_bytes(b"\0" * 64)
+    rejections = Rejections()
+    lister = make(root, on_reject=rejections)
+    for _ in range(3):
+        state = (await lister.update())[key("u_c")]
+        assert state.status is ContainerStatus.REJECTED
+    assert rejections.seen == ["magic"]
+    # HAMi-core finishes initialising (it writes the magic last): same file, now valid.
+    fd = os.open(directory / "x.cache", os.O_WRONLY)
+    try:
+        spec = RegionSpec(priority=4)
+        for offset, piece in region_pieces(spec):
+            os.pwrite(fd, piece, offset)
+        os.ftruncate(fd, spec.file_size)
+    finally:
+        os.close(fd)
+    state = (await lister.update())[key("u_c")]
+    assert state.snapshot is not None
+    assert state.snapshot.priority == 4
+    assert rejections.seen == ["magic"]
+
+
+async def test_view_is_immutable_and_replaced_whole(root: Path) -> None:
+    container(root, "u_c", "x.cache")
+    lister = make(root)
+    view = await lister.update()
+    with pytest.raises(TypeError):
+        view[key("x_y")] = view[key("u_c")]  # type: ignore[index]
+    container(root, "v_c", "x.cache")
+    new_view = await lister.update()
+    assert list(view) == [key("u_c")]
+    assert list(new_view) == [key("u_c"), key("v_c")]
+    assert lister.containers() is new_view
+
+
+async def test_cancelled_update_publishes_nothing(root: Path) -> None:
+    for i in range(CHECKPOINT_EVERY + 5):
+        container(root, f"u{i:03d}_c", "x.cache")
+    lister = make(root)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await lister.update()
+    assert scope.cancelled_caught
+    assert lister.containers() == {}
+    assert len(await lister.update()) == CHECKPOINT_EVERY + 5
+
+
+async def test_apply_writes_through_the_handle_and_skips_unknown(root: Path) -> None:
+    directory = container(root, "u_c", "x.cache")
+    lister = make(root)
+    await lister.update()
+    written = lister.apply(
+        [
+            Write(key("u_c"), ControlField.RECENT_KERNEL, -1),
+            Write(key("u_c"), ControlField.UTILIZATION_SWITCH, 1),
+            Write(key("other_c"), ControlField.RECENT_KERNEL, -1),
+        ]
+    )
+    assert written == 2
+    assert SimulatedWorkload(directory / "x.cache").read_control() == (-1, 1)
+    os.truncate(directory / "x.cache", 10)
+    assert lister.apply([Write(key("u_c"), ControlField.RECENT_KERNEL, 0)]) == 0
+    assert (directory / "x.cache").stat().st_size == 10
+    lister.close()
+    assert lister._tracked == {}

@@ -1,0 +1,366 @@
+"""The tick loop: configuration (M-1), feedback written back, MIG pause (M-7), stop, metrics.
+
+Time-dependent tests run on trio's MockClock (``autojump_clock``): virtual seconds, exact
+tick counts, no sleeping.  The MIG lock is a real file watched by real inotify.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import trio
+from prometheus_client import CollectorRegistry
+from trio.testing import MockClock
+
+from hami_trio.errors import ConfigError
+from hami_trio.monitor import loop as loop_module
+from hami_trio.monitor.builder import RegionSpec, SimulatedWorkload, write_region
+from hami_trio.monitor.lister import ContainerKey
+from hami_trio.monitor.loop import (
+    DEFAULT_MIG_LOCK_PATH,
+    Monitor,
+    MonitorConfig,
+    prepare_lock_dir,
+    serve_monitor,
+)
+from hami_trio.monitor.podsource import PodInfo, StaticPodSource
+
+# -- configuration (M-1) ---------------------------------------------------------------------
+
+
+def test_hook_path_required(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="HOOK_PATH is not set"):
+        MonitorConfig.from_env({})
+    with pytest.raises(ConfigError, match="HOOK_PATH is not set"):
+        MonitorConfig.from_env({"HOOK_PATH": ""})
+    with pytest.raises(ConfigError, match=r"HOOK_PATH='/nonexistent/x' does not exist"):
+        MonitorConfig.from_env({"HOOK_PATH": "/nonexistent/x"})
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="not a directory"):
+        MonitorConfig.from_env({"HOOK_PATH": str(tmp_path / "file")})
+
+
+def test_flags_override_env_and_defaults(tmp_path: Path) -> None:
+    config = MonitorConfig.from_env({"HOOK_PATH": "/nonexistent"}, hook_path=tmp_path)
+    assert config.hook_path == tmp_path
+    assert config.containers_dir == tmp_path / "containers"
+    assert (config.interval, config.resync_interval) == (5.0, 300.0)
+    assert config.mig_lock_path == DEFAULT_MIG_LOCK_PATH == Path("/tmp/hami/hami-mig-apply.lock")
+    custom = MonitorConfig.from_env(
+        {"HOOK_PATH": str(tmp_path)}, interval=0.5, mig_lock_path="/x/y.lock", tick_deadline=2
+    )
+    assert (custom.interval, custom.mig_lock_path, custom.tick_deadline) == (
+        0.5,
+        Path("/x/y.lock"),
+        2,
+    )
+    with pytest.raises(ConfigError, match="--interval"):
+        MonitorConfig.from_env({"HOOK_PATH": str(tmp_path)}, interval=0)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds", "warned"),
+    [
+        ("5m", 300.0, False),
+        ("90s", 90.0, False),
+        ("1h30m", 5400.0, False),
+        ("0", 0.0, False),
+        ("soon", 300.0, True),
+        ("5", 300.0, True),
+        ("-5m", 300.0, True),
+    ],
+)
+def test_resync_interval_go_duration(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, text: str, seconds: float, warned: bool
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="hami_trio.monitor.loop"):
+        config = MonitorConfig.from_env({"HOOK_PATH": str(tmp_path), "HAMI_RESYNC_INTERVAL": text})
+    assert config.resync_interval == seconds
+    messages = [r.getMessage() for r in caplog.records]
+    assert bool(messages) is warned
+    if warned:
+        assert "HAMI_RESYNC_INTERVAL" in messages[0]
+        assert "default" in messages[0]
+
+
+def test_prepare_lock_dir(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    old = os.umask(0o077)
+    try:
+        prepare_lock_dir(tmp_path / "a" / "hami")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a" / "hami").stat().st_mode) == 0o755
+    existing = tmp_path / "existing"
+    existing.mkdir(mode=0o700)
+    prepare_lock_dir(existing)
+    assert stat.S_IMODE(existing.stat().st_mode) == 0o700  # not ours to change
+    (tmp_path / "file").write_text("")
+    with caplog.at_level(logging.WARNING):
+        prepare_lock_dir(tmp_path / "file" / "hami")  # never fatal
+        prepare_lock_dir(tmp_path / "file")
+    assert len(caplog.records) == 2
+
+
+# -- the loop ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def hook(tmp_path: Path) -> Path:
+    hook = tmp_path / "hook"
+    (hook / "containers").mkdir(parents=True)
+    return hook
+
+
+def add(hook: Path, name: str, **spec: object) -> SimulatedWorkload:
+    directory = hook / "containers" / name
+    directory.mkdir()
+    path = directory / "x.cache"
+    write_region(path, RegionSpec(uuids=["GPU-0"], **spec))  # type: ignore[arg-type]
+    return SimulatedWorkload(path)
+
+
+def config(hook: Path, **kw: object) -> MonitorConfig:
+    return MonitorConfig(hook_path=hook, mig_lock_path=hook.parent / "mig" / "lock", **kw)  # type: ignore[arg-type]
+
+
+async def start(
+    nursery: trio.Nursery, cfg: MonitorConfig, registry: CollectorRegistry | None = None
+) -> Monitor:
+    monitor: Monitor = await nursery.start(
+        functools.partial(serve_monitor, cfg, pod_source=StaticPodSource(), registry=registry)
+    )
+    return monitor
+
+
+async def test_ticks_every_interval_and_writes_feedback(
+    autojump_clock: MockClock, hook: Path
+) -> None:
+    hi = add(hook, "hi_c", priority=0, recent_kernel=2)
+    lo = add(hook, "lo_c", priority=1, recent_kernel=2)
+    registry = CollectorRegistry()
+    async with trio.open_nursery() as nursery:
+        t0 = trio.current_time()
+        monitor = await start(nursery, config(hook), registry)
+        assert trio.current_time() == t0
+        assert monitor.ticks == 1  # started after the first tick
+        assert hi.read_control() == (1, 0)
+        assert lo.read_control() == (-1, 1)
+        state = monitor.containers()[ContainerKey("lo", "c")]
+        assert state.snapshot is not None
+        assert state.snapshot.recent_kernel == 2  # the snapshot is what was read
+        await trio.sleep(12)
+        assert monitor.ticks == 3  # t = 0, 5, 10
+        assert hi.read_control() == (0, 0)
+        assert lo.read_control() == (0, 0)  # released once hi went quiet
+        monitor.request_stop()
+    assert registry.get_sample_value("hami_trio_monitor_containers") == 2
+    assert registry.get_sample_value("hami_trio_monitor_tick_duration_seconds_count") == 3
+    assert registry.get_sample_value("hami_trio_monitor_mig_paused") == 0
+    assert (
+        registry.get_sample_value("hami_trio_monitor_files_rejected_total", {"reason": "magic"})
+        == 0
+    )
+
+
+async def test_rejections_are_counted_in_the_registry(
+    autojump_clock: MockClock, hook: Path
+) -> None:
+    bad = hook / "containers" / "bad_c"
+    bad.mkdir()
+    (bad / "x.cache").write_bytes(b"\0" * 64)
+    registry = CollectorRegistry()
+    async with trio.open_nursery() as nursery:
+        monitor = await start(nursery, config(hook), registry)
+        await trio.sleep(20)
+        monitor.request_stop()
+    assert (
+        registry.get_sample_value("hami_trio_monitor_files_rejected_total", {"reason": "magic"})
+        == 1
+    )
+    assert registry.get_sample_value("hami_trio_monitor_containers") == 0
+
+
+async def test_mig_lock_pauses_within_one_tick_and_resumes(
+    autojump_clock: MockClock, hook: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    work = add(hook, "a_c", recent_kernel=2)
+    cfg = config(hook)
+    registry = CollectorRegistry()
+    with caplog.at_level(logging.INFO, logger="hami_trio.monitor.loop"):
+        async with trio.open_nursery() as nursery:
+            monitor = await start(nursery, cfg, registry)
+            await trio.sleep(7)
+            assert monitor.ticks == 2
+            cfg.mig_lock_path.touch()
+            await trio.sleep(0.001)
+            assert monitor.paused  # inotify: well within one tick
+            assert registry.get_sample_value("hami_trio_monitor_mig_paused") == 1
+            work.launch_kernel()
+            await trio.sleep(60)
+            assert monitor.ticks == 2
+            assert work.read_control()[0] == 2  # untouched while paused
+            cfg.mig_lock_path.unlink()
+            await trio.sleep(0.001)
+            assert not monitor.paused
+            assert monitor.ticks == 3  # resumed with an immediate tick
+            assert work.read_control()[0] == 1
+            await trio.sleep(5)
+            assert monitor.ticks == 4
+            monitor.request_stop()
+    assert registry.get_sample_value("hami_trio_monitor_mig_paused") == 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("monitor paused" in m for m in messages) == 1
+    assert sum("monitor resumed" in m for m in messages) == 1
+
+
+async def test_lock_present_at_start_pauses_from_the_start(
+    autojump_clock: MockClock, hook: Path
+) -> None:
+    work = add(hook, "a_c", recent_kernel=2)
+    cfg = config(hook)
+    cfg.mig_lock_path.parent.mkdir()
+    cfg.mig_lock_path.touch()
+    async with trio.open_nursery() as nursery:
+        monitor = await start(nursery, cfg)
+        assert monitor.paused  # started at once, without a tick
+        assert monitor.ticks == 0
+        assert monitor.containers() == {}
+        await trio.sleep(30)
+        assert monitor.ticks == 0
+        assert work.read_control()[0] == 2
+        cfg.mig_lock_path.unlink()
+        await trio.sleep(0.001)
+        assert not monitor.paused
+        assert monitor.ticks == 1
+        assert work.read_control()[0] == 1
+        monitor.request_stop()
+
+
+async def test_lock_created_and_removed_between_ticks(
+    autojump_clock: MockClock, hook: Path
+) -> None:
+    work = add(hook, "a_c", recent_kernel=2)
+    cfg = config(hook)
+    async with trio.open_nursery() as nursery:
+        monitor = await start(nursery, cfg)
+        await trio.sleep(2)
+        work.launch_kernel()
+        cfg.mig_lock_path.touch()
+        cfg.mig_lock_path.unlink()
+        await trio.sleep(0.001)
+        assert not monitor.paused
+        await trio.sleep(4)
+        assert monitor.ticks == 2  # t = 0, 5: the schedule carried on
+        assert work.read_control()[0] == 1
+        monitor.request_stop()
+
+
+async def test_without_inotify_the_lock_is_still_seen_within_one_tick(
+    autojump_clock: MockClock, hook: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(loop_module._LockWatch, "ensure", lambda self: None)
+    work = add(hook, "a_c", recent_kernel=2)
+    cfg = config(hook)
+    async with trio.open_nursery() as nursery:
+        monitor = await start(nursery, cfg)
+        await trio.sleep(6)
+        cfg.mig_lock_path.touch()
+        work.launch_kernel()
+        await trio.sleep(4.5)  # t = 10.5: the tick at t = 10 saw the lock
+        assert monitor.paused
+        assert work.read_control()[0] == 2
+        cfg.mig_lock_path.unlink()
+        await trio.sleep(5)  # noticed at the next poll, at most one interval later
+        assert not monitor.paused
+        monitor.request_stop()
+
+
+async def test_stop_finishes_the_current_tick(autojump_clock: MockClock, hook: Path) -> None:
+    work = add(hook, "a_c", recent_kernel=2)
+
+    class StopDuringTick(StaticPodSource):
+        monitor: Monitor | None = None
+
+        def lookup(self, uid: str) -> PodInfo | None:
+            if self.monitor is not None and self.monitor.ticks == 1:
+                self.monitor.request_stop()
+            return super().lookup(uid)
+
+    source = StopDuringTick()
+    monitor = Monitor(config(hook), pod_source=source)
+    source.monitor = monitor
+    t0 = trio.current_time()
+    await monitor.serve()
+    assert monitor.ticks == 2  # the tick in which stop was requested completed
+    assert trio.current_time() == t0 + 5  # ... and serve returned right after it
+    assert work.read_control()[0] == 0  # and its writes were applied (2 -> 1 -> 0)
+
+
+async def test_stop_while_idle_or_paused_returns_at_once(
+    autojump_clock: MockClock, hook: Path
+) -> None:
+    cfg = config(hook)
+    t0 = trio.current_time()
+    monitor = Monitor(cfg, pod_source=StaticPodSource())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(monitor.serve)
+        await trio.sleep(1)
+        monitor.request_stop()
+    assert trio.current_time() == t0 + 1
+    cfg.mig_lock_path.touch()
+    monitor = Monitor(cfg, pod_source=StaticPodSource())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(monitor.serve)
+        assert monitor.paused
+        monitor.request_stop()
+    assert trio.current_time() == t0 + 1
+
+
+async def test_overrunning_tick_is_abandoned_at_its_deadline(
+    autojump_clock: MockClock,
+    hook: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monitor = Monitor(config(hook, tick_deadline=1.0), pod_source=StaticPodSource())
+
+    async def slow_update() -> object:
+        await trio.sleep(3)
+        raise AssertionError("the deadline should have cancelled this")
+
+    monkeypatch.setattr(monitor._lister, "update", slow_update)
+    with caplog.at_level(logging.WARNING, logger="hami_trio.monitor.loop"):
+        async with trio.open_nursery() as nursery:
+            t0 = trio.current_time()
+            await nursery.start(monitor.serve)
+            assert trio.current_time() == t0 + 1
+            await trio.sleep(10)
+            monitor.request_stop()
+    assert monitor.ticks == 0
+    assert any("deadline" in r.getMessage() for r in caplog.records)
+
+
+async def test_serving_twice_is_refused(autojump_clock: MockClock, hook: Path) -> None:
+    monitor = Monitor(config(hook), pod_source=StaticPodSource())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(monitor.serve)
+        with pytest.raises(RuntimeError, match="already serving"):
+            await monitor.serve()
+        monitor.request_stop()
+
+
+async def test_cancellation_closes_every_handle(autojump_clock: MockClock, hook: Path) -> None:
+    add(hook, "a_c")
+    monitor = Monitor(config(hook), pod_source=StaticPodSource())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(monitor.serve)
+        handle = monitor._lister._tracked["a_c"].handle
+        nursery.cancel_scope.cancel()
+    assert handle is not None
+    assert handle.closed
+    assert monitor.config.interval == 5.0
