@@ -13,6 +13,13 @@ __all__ = ["all_targets"]
 
 def all_targets() -> list[Target]:
     """Every target (imported on demand: a target's module may start nothing at import)."""
-    from fuzz.targets import allocation, broker, client, codec
+    from fuzz.targets import allocation, broker, client, codec, layout, observe
 
-    return [codec.TARGET, client.TARGET, allocation.TARGET, broker.TARGET]
+    return [
+        codec.TARGET,
+        client.TARGET,
+        allocation.TARGET,
+        broker.TARGET,
+        layout.TARGET,
+        observe.TARGET,
+    ]
