@@ -325,7 +325,7 @@ class Results:
         self._commands: list[dict[str, Any]] = []
         self._raw_names: set[str] = set()
         self._sealed = False
-        self._write_json("environment.json", self.environment)
+        self.write_json("environment.json", self.environment)
         if self.git.dirty:
             (path / "source.diff").write_text(self.git.diff)
             (path / "source.status").write_text(self.git.status)
@@ -348,7 +348,8 @@ class Results:
 
     # -- recording ------------------------------------------------------------------------
 
-    def _write_json(self, name: str, data: object) -> Path:
+    def write_json(self, name: str, data: object) -> Path:
+        """Write ``data`` as indented JSON to ``name`` in the results directory."""
         out = self.path / name
         out.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
         return out
@@ -394,6 +395,35 @@ class Results:
                 "note": note,
             }
         )
+
+    def stream(
+        self,
+        argv: Sequence[str | os.PathLike[str]],
+        *,
+        name: str,
+        cwd: Path | None = None,
+    ) -> int:
+        """Run a long command, echoing its output (stdout and stderr merged) line by line to
+        the console while keeping all of it in ``raw/<name>.out``; returns its exit status."""
+        args = [os.fspath(a) for a in argv]
+        out = self.raw_path(f"{name}.out")
+        start = time.monotonic()
+        with (
+            out.open("w") as copy,
+            subprocess.Popen(
+                args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd
+            ) as proc,
+        ):
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                copy.write(line)
+            returncode = proc.wait()
+        self.note_command(
+            args, name=name, returncode=returncode, seconds=time.monotonic() - start, outputs=[out]
+        )
+        return returncode
 
     def run(
         self,
@@ -511,7 +541,7 @@ class Results:
         ]
         text += [f"{line}\n" for line in notes if line]
         (self.path / "summary.md").write_text("\n".join(text).rstrip() + "\n")
-        self._write_json(
+        self.write_json(
             "summary.json", {"benchmark": self.name, "title": title, "figures": dict(figures)}
         )
 
@@ -534,7 +564,7 @@ class Results:
             outputs = f" -> {', '.join(cmd['outputs'])}" if cmd["outputs"] else ""
             lines.append(f"$ {cmd['command']}\n  # {cmd['name']}: {rc}{took}{note}{outputs}")
         (self.path / "commands.txt").write_text("\n".join(lines) + "\n")
-        self._write_json(
+        self.write_json(
             "manifest.json",
             {
                 "benchmark": self.name,
