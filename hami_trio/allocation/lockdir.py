@@ -38,6 +38,7 @@ import stat
 from collections.abc import Callable
 from typing import Literal
 
+from hami_trio._fs import file_kind
 from hami_trio.allocation.paths import LOCK_PARENT, go_clean
 from hami_trio.errors import LockDirError
 
@@ -55,19 +56,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 def _describe(st: os.stat_result) -> str:
     """A short human name for what a stat describes (for refusal messages)."""
-    kinds = (
-        (stat.S_ISLNK, "a symlink"),
-        (stat.S_ISREG, "a regular file"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    )
-    for test, name in kinds:
-        if test(st.st_mode):
-            return name
-    return "an unknown kind of file"
+    return f"a {file_kind(st.st_mode)}"
 
 
 def _what_is(lstat: Callable[[], os.stat_result]) -> str:

@@ -38,6 +38,7 @@ import stat
 from pathlib import Path
 from typing import Final
 
+from hami_trio._fs import file_kind
 from hami_trio.errors import BrokerStartupError
 
 __all__ = [
@@ -70,22 +71,6 @@ _ANCESTOR_MODE: Final = 0o755
 
 def _refuse(path: Path | str, reason: str) -> BrokerStartupError:
     return BrokerStartupError(f"{path}: {reason}")
-
-
-def _kind(mode: int) -> str:
-    """A human name for a file type, for refusal messages."""
-    for test, name in (
-        (stat.S_ISREG, "regular file"),
-        (stat.S_ISDIR, "directory"),
-        (stat.S_ISLNK, "symlink"),
-        (stat.S_ISSOCK, "socket"),
-        (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISBLK, "block device"),
-    ):
-        if test(mode):
-            return name
-    return "file of unknown type"
 
 
 def _is_default(path: Path) -> bool:
@@ -227,7 +212,7 @@ def _open_directory(directory: Path, owner: int, euid: int) -> int:
     if stat.S_ISLNK(before.st_mode):
         raise _refuse(directory, "directory is a symlink")
     if not stat.S_ISDIR(before.st_mode):
-        raise _refuse(directory, f"not a directory but a {_kind(before.st_mode)}")
+        raise _refuse(directory, f"not a directory but a {file_kind(before.st_mode)}")
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
@@ -272,7 +257,7 @@ def _acquire_lock(dir_fd: int, directory: Path, owner: int, euid: int) -> int:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise _refuse(path, f"lock file is a {_kind(st.st_mode)}, not a regular file")
+            raise _refuse(path, f"lock file is a {file_kind(st.st_mode)}, not a regular file")
         if created:
             if owner != euid:
                 os.fchown(fd, owner, -1)
@@ -328,7 +313,9 @@ def _clear_socket_path(dir_fd: int, path: Path, owner: int) -> None:
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
-        raise _refuse(path, f"path is a {_kind(st.st_mode)}, not a socket; refusing to replace it")
+        raise _refuse(
+            path, f"path is a {file_kind(st.st_mode)}, not a socket; refusing to replace it"
+        )
     if st.st_uid != owner:
         raise _refuse(path, f"socket is owned by uid {st.st_uid}, expected {owner}")
     if _is_live(path):

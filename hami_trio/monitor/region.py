@@ -33,6 +33,7 @@ import stat
 import struct
 from collections.abc import Sequence
 
+from hami_trio._fs import file_kind
 from hami_trio.errors import CacheFileRejected
 from hami_trio.monitor.layout import (
     HEADER_SIZE,
@@ -55,7 +56,7 @@ from hami_trio.monitor.usage import (
     sum_rows,
 )
 
-__all__ = ["RegionHandle", "describe_mode", "read_region_file"]
+__all__ = ["RegionHandle", "read_region_file"]
 
 _I32 = struct.Struct("<i")
 _U64 = struct.Struct("<Q")
@@ -69,28 +70,11 @@ def _pack(codec: struct.Struct, value: int, what: str) -> bytes:
         raise ValueError(f"{what}={value} does not fit its C type") from exc
 
 
-def describe_mode(mode: int) -> str:
-    """A human name for a file type (``"symbolic link"``, ``"FIFO"``, ...)."""
-    kinds = (
-        (stat.S_ISLNK, "symbolic link"),
-        (stat.S_ISDIR, "directory"),
-        (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISSOCK, "socket"),
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISBLK, "block device"),
-        (stat.S_ISREG, "regular file"),
-    )
-    for check, name in kinds:
-        if check(mode):
-            return name
-    return "special file"  # pragma: no cover - every Linux type is listed above
-
-
 def _check_object(st: os.stat_result, display: str, *, writable: bool) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise CacheFileRejected(
             RejectReason.NOT_REGULAR_FILE,
-            f"{display} is a {describe_mode(st.st_mode)}, not a regular file; refusing it",
+            f"{display} is a {file_kind(st.st_mode)}, not a regular file; refusing it",
         )
     if writable and st.st_nlink != 1:
         # A second name for the inode could live anywhere on the same filesystem (another

@@ -149,7 +149,7 @@ def test_inspect_bad_file_exits_1_with_the_reason(
     elif kind == "symlink":
         region(tmp_path / "real.cache")
         path.symlink_to(tmp_path / "real.cache")
-        expected = "symbolic link"
+        expected = "symlink"
     elif kind == "fifo":
         os.mkfifo(path)
         expected = "FIFO"

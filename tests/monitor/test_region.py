@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hami_trio._fs import file_kind
 from hami_trio.errors import CacheFileRejected
 from hami_trio.monitor.builder import (
     MemoryUse,
@@ -20,7 +21,7 @@ from hami_trio.monitor.builder import (
     write_region,
 )
 from hami_trio.monitor.layout import LAYOUTS, ControlField, Format, RejectReason
-from hami_trio.monitor.region import RegionHandle, describe_mode, read_region_file
+from hami_trio.monitor.region import RegionHandle, read_region_file
 from hami_trio.monitor.usage import DeviceUUID, UUIDState, parse_region
 
 V1 = LAYOUTS[Format.V1]
@@ -134,7 +135,7 @@ def test_symlink_is_refused_even_to_a_valid_file(tmp_path: Path) -> None:
     (tmp_path / "x.cache").symlink_to(target)
     error = rejection(tmp_path / "x.cache")
     assert error.reason == RejectReason.NOT_REGULAR_FILE
-    assert "symbolic link" in str(error)
+    assert "a symlink" in str(error)
 
 
 def test_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
@@ -174,10 +175,10 @@ def test_missing_file(tmp_path: Path) -> None:
     assert info.value.reason == RejectReason.IO_ERROR
 
 
-def test_describe_mode() -> None:
-    assert describe_mode(stat.S_IFSOCK) == "socket"
-    assert describe_mode(stat.S_IFBLK) == "block device"
-    assert describe_mode(stat.S_IFREG) == "regular file"
+def test_file_kind() -> None:
+    assert file_kind(stat.S_IFSOCK) == "socket"
+    assert file_kind(stat.S_IFBLK) == "block device"
+    assert file_kind(stat.S_IFREG) == "regular file"
 
 
 # -- reading: bounded, never faults, the loader rule each time ------------------------------
