@@ -24,8 +24,12 @@ Usage::
     .venv/bin/python bench/broker_load.py              # full run (a few minutes)
     .venv/bin/python bench/broker_load.py --json bench/results/run.json
 
-Figures from a shared or small machine are noisy: compare ratios from the same run, and
-rerun on a quiet machine before drawing conclusions.  See docs/benchmarks.md.
+Every run also writes a results directory (bench/_results.py): under
+``bench/results/broker_load-<time>-<rev>/`` the load generator's raw JSON of every run, both
+servers' stderr, the build and run command lines, the environment, ``summary.md`` and
+``SHA256SUMS``.  Figures from a shared or small machine are noisy: compare ratios from the
+same run, and rerun on a quiet machine before drawing conclusions.  See bench/README.md and
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -42,11 +46,15 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
+from typing import IO
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._results import Results, loadavg  # noqa: E402  (needs the repository on sys.path)
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -90,7 +98,7 @@ class Result:
         return statistics.median(run[key] for run in self.runs)
 
 
-def build(work: Path) -> tuple[Path, Path]:
+def build(work: Path, res: Results) -> tuple[Path, Path]:
     """Compile the load generator and the reference server; return their paths."""
     load = work / "broker_load"
     ref = work / "ref_server"
@@ -98,8 +106,9 @@ def build(work: Path) -> tuple[Path, Path]:
         (HERE / "broker_load.c", load, ["-pthread"]),
         (HERE / "ref_server.c", ref, []),
     ):
-        subprocess.run(
+        res.run(
             ["gcc", "-O2", "-Wall", "-o", str(binary), str(source), *extra],
+            name=f"build-{binary.name}",
             check=True,
         )
     return load, ref
@@ -120,35 +129,49 @@ def wait_listening(path: Path, proc: subprocess.Popen[bytes]) -> None:
     raise SystemExit(f"server for {path} did not start")
 
 
-def start_servers(work: Path, ref_binary: Path, max_exchanges: int) -> list[Server]:
+def start_servers(
+    work: Path, ref_binary: Path, max_exchanges: int, res: Results, logs: list[IO[bytes]]
+) -> list[Server]:
+    """Start both servers; their stderr goes to ``raw/server-*.err`` of the results."""
     ours_path = work / "ours" / "broker.sock"
     ref_path = work / "ref.sock"
-    ours = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hami_trio",
-            "broker",
-            "--socket-path",
-            str(ours_path),
-            "--max-exchanges",
-            str(max_exchanges),
-            "--log-level",
-            "error",
-        ],
-        cwd=ROOT,
-    )
-    ref = subprocess.Popen(
-        [str(ref_binary), str(ref_path), str(max_exchanges), "500"],
-        stderr=subprocess.DEVNULL,
-    )
+    ours_argv = [
+        sys.executable,
+        "-m",
+        "hami_trio",
+        "broker",
+        "--socket-path",
+        str(ours_path),
+        "--max-exchanges",
+        str(max_exchanges),
+        "--log-level",
+        "error",
+    ]
+    ref_argv = [str(ref_binary), str(ref_path), str(max_exchanges), "500"]
+    procs = []
+    for name, argv, cwd in (("ours", ours_argv, ROOT), ("ref", ref_argv, None)):
+        log_path = res.raw_path(f"server-{name}.err")
+        log = log_path.open("wb")
+        logs.append(log)
+        procs.append(subprocess.Popen(argv, cwd=cwd, stderr=log))
+        res.note_command(
+            argv,
+            name=f"server-{name}",
+            returncode=None,
+            seconds=None,
+            outputs=[log_path],
+            note="runs for the whole benchmark, stopped with SIGTERM at the end",
+        )
+    ours, ref = procs
     servers = [Server("ours", ours, ours_path), Server("ref", ref, ref_path)]
     for server in servers:
         wait_listening(server.socket, server.proc)
     return servers
 
 
-def run_once(load: Path, server: Server, scenario: Scenario) -> dict[str, float]:
+def run_once(
+    load: Path, server: Server, scenario: Scenario, res: Results, rep: int
+) -> dict[str, float]:
     argv = [
         str(load),
         str(server.socket),
@@ -160,7 +183,8 @@ def run_once(load: Path, server: Server, scenario: Scenario) -> dict[str, float]
         argv.append(str(scenario.idle))
     cpu_before = server.cpu_seconds()
     wall_before = time.monotonic()
-    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    name = f"{scenario.mode}-c{scenario.concurrency}-idle{scenario.idle}-{server.name}-run{rep}"
+    out = res.run(argv, name=name, check=True).stdout
     wall = time.monotonic() - wall_before
     cpu = server.cpu_seconds() - cpu_before
     result: dict[str, float] = json.loads(out)
@@ -172,41 +196,21 @@ def run_once(load: Path, server: Server, scenario: Scenario) -> dict[str, float]
     return result
 
 
-def environment() -> dict[str, str]:
-    cpu = "unknown"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    versions = {}
-    for dist in ("hami-trio", "trio", "prometheus-client"):
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = "not installed"
-    try:
-        revision = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain"], capture_output=True, text=True
-        ).stdout.strip()
-        revision += " (dirty)" if dirty else ""
-    except (OSError, subprocess.CalledProcessError):
-        revision = "unknown"
-    gcc = subprocess.run(["gcc", "--version"], capture_output=True, text=True).stdout
+def environment(res: Results) -> dict[str, str]:
+    """The lines printed under "environment" (all of it is in environment.json too)."""
+    env = res.environment
+    versions = {name.lower(): version for name, version in env["packages"].items()}
     return {
-        "cpu": cpu,
-        "cpus": str(os.cpu_count()),
+        "cpu": env["cpu_model"],
+        "cpus": str(env["cpu_count"]),
         "kernel": platform.release(),
         "python": platform.python_version(),
-        "gcc": gcc.splitlines()[0] if gcc else "unknown",
-        "loadavg at start": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
-        "git": revision,
-        **versions,
+        "gcc": env["gcc"],
+        "loadavg at start": env["loadavg_start"],
+        "git": res.git.label(),
+        **{dist: versions.get(dist, "not installed") for dist in ("hami-trio", "trio")},
+        "prometheus-client": versions.get("prometheus_client", "not installed"),
+        "results": str(res.path),
     }
 
 
@@ -225,7 +229,10 @@ def scenarios(quick: bool, seconds: float | None, idle: int | None) -> list[Scen
 
 def report(
     shapes: list[Scenario], results: dict[tuple[str, str], Result], env: dict[str, str]
-) -> None:
+) -> tuple[list[list[object]], dict[str, object]]:
+    """Print the tables; return the summary rows and headline figures for the results."""
+    rows: list[list[object]] = []
+    figures: dict[str, object] = {}
     print("\nenvironment")
     for key, value in env.items():
         print(f"  {key:18} {value}")
@@ -258,12 +265,35 @@ def report(
         rate_ratio = ours.median("rate") / ref.median("rate") if ref.median("rate") else 0.0
         p99_ratio = ours.median("p99_us") / ref.median("p99_us") if ref.median("p99_us") else 0.0
         print(f"{'':34} {'ratio':6} {rate_ratio:9.2f} {'':8} {p99_ratio:8.2f}")
+        answered = (
+            f"{ours.median('answered_pct'):.2f} / {ref.median('answered_pct'):.2f}"
+            if shape.mode == "slowloris"
+            else ""
+        )
+        rows.append(
+            [
+                shape.label.strip(),
+                f"{ours.median('rate'):.0f}",
+                f"{ref.median('rate'):.0f}",
+                f"{rate_ratio:.2f}",
+                f"{ours.median('p99_us'):.0f}",
+                f"{ref.median('p99_us'):.0f}",
+                f"{p99_ratio:.2f}",
+                f"{ours.median('cpu_us_per_exchange'):.1f}",
+                f"{ref.median('cpu_us_per_exchange'):.1f}",
+                int(sum(r["fail"] for r in ours.runs) + sum(r["fail"] for r in ref.runs)),
+                answered,
+            ]
+        )
     print("\ntargets")
     target = next((s for s in shapes if s.mode == "threads" and s.concurrency == 64), None)
     if target is not None:
         ours, ref = results[(target.label, "ours")], results[(target.label, "ref")]
         rate_ratio = ours.median("rate") / ref.median("rate")
         p99_ratio = ours.median("p99_us") / ref.median("p99_us")
+        figures["c64_threads_rate_ratio"] = round(rate_ratio, 3)
+        figures["c64_threads_p99_ratio"] = round(p99_ratio, 3)
+        figures["c64_threads_rate_ours"] = round(ours.median("rate"))
         print(
             f"  c=64 threads: rate {rate_ratio:.2f}x ref (target >= 0.70: "
             f"{'met' if rate_ratio >= 0.7 else 'MISSED'}), p99 {p99_ratio:.2f}x ref "
@@ -273,11 +303,29 @@ def report(
     if slow is not None:
         ours = results[(slow.label, "ours")]
         answered, p99 = ours.median("answered_pct"), ours.median("p99_us")
+        figures[f"slowloris_idle{slow.idle}_answered_pct"] = round(answered, 3)
+        figures[f"slowloris_idle{slow.idle}_p99_ms"] = round(p99 / 1000, 3)
         print(
             f"  slowloris idle={slow.idle}: {answered:.2f}% answered (target >= 99: "
             f"{'met' if answered >= 99 else 'MISSED'}), p99 {p99 / 1000:.2f} ms "
             f"(target < 10: {'met' if p99 < 10_000 else 'MISSED'})"
         )
+    return rows, figures
+
+
+SUMMARY_HEADERS = [
+    "scenario",
+    "ours exch/s",
+    "ref exch/s",
+    "ratio",
+    "ours p99 us",
+    "ref p99 us",
+    "p99 ratio",
+    "ours cpu us/ex",
+    "ref cpu us/ex",
+    "fail",
+    "answered % ours / ref",
+]
 
 
 def main() -> int:
@@ -293,6 +341,11 @@ def main() -> int:
         "--only", help="run only scenarios whose label contains this text (e.g. slowloris)"
     )
     parser.add_argument("--json", type=Path, help="also write every run to this file")
+    parser.add_argument(
+        "--results-root",
+        type=Path,
+        help="where the results directory goes (default bench/results)",
+    )
     args = parser.parse_args()
     if shutil.which("gcc") is None:
         raise SystemExit("gcc is needed to build the load generator")
@@ -300,50 +353,59 @@ def main() -> int:
     shapes = scenarios(args.quick, args.seconds, args.idle)
     if args.only:
         shapes = [shape for shape in shapes if args.only in shape.label]
-    env = environment()
-    work = Path(tempfile.mkdtemp(prefix="hami-trio-bench-", dir="/tmp"))
-    servers: list[Server] = []
-    try:
-        load, ref_binary = build(work)
-        servers = start_servers(work, ref_binary, args.max_exchanges)
-        results = {(s.label, srv.name): Result() for s in shapes for srv in servers}
-        for shape in shapes:
-            for rep in range(repeat):
-                # Alternate who goes first, so slow drift on the machine hits both alike.
-                order = servers if rep % 2 == 0 else list(reversed(servers))
-                for server in order:
-                    run = run_once(load, server, shape)
-                    results[(shape.label, server.name)].runs.append(run)
-                    print(
-                        f"{shape.label:34} {server.name:5} rate={run['rate']:9.0f} "
-                        f"p99={run['p99_us']:7.0f}us fail={int(run['fail'])}",
-                        flush=True,
-                    )
-        env["loadavg at end"] = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-        report(shapes, results, env)
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(
-                json.dumps(
-                    {
-                        "environment": env,
-                        "runs": {
-                            f"{label} {name}": res.runs for (label, name), res in results.items()
-                        },
-                    },
-                    indent=2,
-                )
+    with Results("broker_load", root=args.results_root) as res, res.tee():
+        env = environment(res)
+        work = Path(tempfile.mkdtemp(prefix="hami-trio-bench-", dir="/tmp"))
+        servers: list[Server] = []
+        logs: list[IO[bytes]] = []
+        try:
+            load, ref_binary = build(work, res)
+            servers = start_servers(work, ref_binary, args.max_exchanges, res, logs)
+            results = {(s.label, srv.name): Result() for s in shapes for srv in servers}
+            for shape in shapes:
+                for rep in range(repeat):
+                    # Alternate who goes first, so slow drift on the machine hits both alike.
+                    order = servers if rep % 2 == 0 else list(reversed(servers))
+                    for server in order:
+                        run = run_once(load, server, shape, res, rep)
+                        results[(shape.label, server.name)].runs.append(run)
+                        print(
+                            f"{shape.label:34} {server.name:5} rate={run['rate']:9.0f} "
+                            f"p99={run['p99_us']:7.0f}us fail={int(run['fail'])}",
+                            flush=True,
+                        )
+            env["loadavg at end"] = loadavg()
+            rows, figures = report(shapes, results, env)
+            runs = {f"{label} {name}": res_.runs for (label, name), res_ in results.items()}
+            res.raw("runs.json", json.dumps({"environment": env, "runs": runs}, indent=2))
+            res.summary(
+                "Host PID broker load: hami-trio broker vs C epoll reference, interleaved",
+                headers=SUMMARY_HEADERS,
+                rows=rows,
+                figures=figures,
+                notes=[
+                    f"Medians over {repeat} run(s) per scenario and server; ratio = ours / "
+                    "ref (exchanges/s: higher is better; p99: lower is better).",
+                    "Targets (issue 2): c=64 threads rate >= 0.70x ref and p99 <= 2x ref; "
+                    "slowloris 2000 idle: >= 99 % answered, p99 < 10 ms.",
+                ],
             )
-    finally:
-        for server in servers:
-            server.proc.send_signal(signal.SIGTERM)
-        for server in servers:
-            try:
-                server.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.proc.kill()
-                server.proc.wait()
-        shutil.rmtree(work, ignore_errors=True)
+            if args.json:
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps({"environment": env, "runs": runs}, indent=2))
+            print(f"\nresults: {res.path}")
+        finally:
+            for server in servers:
+                server.proc.send_signal(signal.SIGTERM)
+            for server in servers:
+                try:
+                    server.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    server.proc.kill()
+                    server.proc.wait()
+            for log in logs:
+                log.close()
+            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -17,63 +17,44 @@ and rerun on a quiet machine before quoting them.
 Run as root from the repository root::
 
     .venv/bin/python bench/client_storm.py [--sizes 300 1000] [--runs 5]
+
+Each run writes a results directory (bench/_results.py): every storm's raw output, the exact
+sandbox command lines, the environment, ``summary.md`` and ``SHA256SUMS``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
-import re
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.clients.harness import (  # noqa: E402  (needs the repository on sys.path)
+from bench._results import Results, loadavg  # noqa: E402  (needs the repository on sys.path)
+from bench._storm import run_sandboxed  # noqa: E402
+from tests.clients.harness import (  # noqa: E402
     build_c_client,
+    c_client_build_command,
     make_sandbox,
     python_broker,
-    run_in_sandbox,
 )
 from tests.sandbox import world_readable_dir  # noqa: E402
 
-_LINE = re.compile(
-    r"clients=(\d+) successful=(\d+) failed=(\d+) wall_ms=([\d.]+)\n"
-    r"latency_ms p50=([\d.]+) p99=([\d.]+) max=([\d.]+) distinct_pids=(\d+)"
-)
 
-
-def environment() -> list[str]:
+def environment(res: Results) -> list[str]:
     """Lines describing the machine and the software under test."""
-    cpu = "unknown"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    rev = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "-C", str(REPO), "status", "--porcelain"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    import trio
-
+    env = res.environment
+    trio_version = env["packages"].get("trio", "not installed")
     return [
-        f"cpu: {cpu} x{os.cpu_count()}",
-        f"kernel: {platform.release()}",
-        f"python: {platform.python_version()}  trio: {trio.__version__}",
-        f"git: {rev}{' (dirty)' if dirty else ''}",
-        f"loadavg: {Path('/proc/loadavg').read_text().split()[:3]}",
+        f"cpu: {env['cpu_model']} x{env['cpu_count']}",
+        f"kernel: {env['kernel'].split()[1]}",
+        f"python: {env['python'].split()[0]}  trio: {trio_version}",
+        f"git: {res.git.label()}",
+        f"loadavg: {env['loadavg_start']}",
+        f"results: {res.path}",
     ]
 
 
@@ -81,47 +62,101 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[300, 1000])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument(
+        "--results-root",
+        type=Path,
+        help="where the results directory goes (default bench/results)",
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("needs root (namespaces, bind mounts, setpriv)", file=sys.stderr)
         return 2
-    for line in environment():
-        print(line)
     failed = False
-    with world_readable_dir("ht-bench-") as bindir:
-        client = build_c_client(bindir)
-        with make_sandbox() as box, python_broker(box.host_socket):
-            for size in args.sizes:
-                walls: list[float] = []
-                p99s: list[float] = []
-                for _ in range(args.runs):
-                    run = run_in_sandbox(
-                        box,
-                        [str(client), "--storm", str(size), str(box.client_socket)],
-                        env={"PATH": "/usr/bin:/bin", "LIBVGPU_HOSTPID_BROKER": "1"},
-                        timeout=120,
-                    )
-                    match = _LINE.search(run.stdout)
-                    ok = (
-                        run.returncode == 0
-                        and match is not None
-                        and int(match.group(2)) == size
-                        and int(match.group(8)) == size
-                    )
-                    print(f"  N={size}: {run.stdout.strip().replace(chr(10), ' | ')}")
-                    if not ok or match is None:
-                        failed = True
-                        print(f"  run failed: {run.stderr.strip()}")
-                        continue
-                    walls.append(float(match.group(4)))
-                    p99s.append(float(match.group(6)))
-                if walls:
-                    print(
-                        f"N={size}: median wall {statistics.median(walls):.1f} ms "
-                        f"(min {min(walls):.1f}, max {max(walls):.1f}, {len(walls)} runs), "
-                        f"median client p99 {statistics.median(p99s):.1f} ms"
-                    )
-    print(f"loadavg after: {Path('/proc/loadavg').read_text().split()[:3]}")
+    rows: list[list[object]] = []
+    figures: dict[str, object] = {}
+    with Results("client_storm", root=args.results_root) as res, res.tee():
+        for line in environment(res):
+            print(line)
+        with world_readable_dir("ht-bench-") as bindir:
+            client = build_c_client(bindir)
+            res.note_command(
+                c_client_build_command(bindir),
+                name="build-hostpid-client",
+                returncode=0,
+                seconds=None,
+            )
+            with make_sandbox() as box, python_broker(box.host_socket):
+                res.note_command(
+                    [
+                        sys.executable,
+                        "-m",
+                        "hami_trio",
+                        "broker",
+                        "--socket-path",
+                        str(box.host_socket),
+                    ],
+                    name="broker",
+                    returncode=None,
+                    seconds=None,
+                    note="tests/clients/harness.py python_broker, runs for the whole benchmark",
+                )
+                for size in args.sizes:
+                    walls: list[float] = []
+                    p99s: list[float] = []
+                    for number in range(args.runs):
+                        run, report = run_sandboxed(
+                            res,
+                            box,
+                            [str(client), "--storm", str(size), str(box.client_socket)],
+                            name=f"storm-c-n{size}-run{number}",
+                            env={"PATH": "/usr/bin:/bin", "LIBVGPU_HOSTPID_BROKER": "1"},
+                            timeout=120,
+                        )
+                        print(f"  N={size}: {run.stdout.strip().replace(chr(10), ' | ')}")
+                        if run.returncode != 0 or report is None or not report.all_ok:
+                            failed = True
+                            print(f"  run failed: {run.stderr.strip()}")
+                            continue
+                        walls.append(report.wall_ms)
+                        p99s.append(report.p99_ms)
+                    if walls:
+                        median_wall = statistics.median(walls)
+                        print(
+                            f"N={size}: median wall {median_wall:.1f} ms "
+                            f"(min {min(walls):.1f}, max {max(walls):.1f}, {len(walls)} runs), "
+                            f"median client p99 {statistics.median(p99s):.1f} ms"
+                        )
+                        figures[f"storm_n{size}_median_wall_ms"] = round(median_wall, 1)
+                        rows.append(
+                            [
+                                size,
+                                f"{len(walls)}/{args.runs}",
+                                f"{median_wall:.1f}",
+                                f"{min(walls):.1f}-{max(walls):.1f}",
+                                f"{statistics.median(p99s):.1f}",
+                            ]
+                        )
+                    else:
+                        rows.append([size, f"0/{args.runs}", "-", "-", "-"])
+        print(f"loadavg after: {loadavg()}")
+        res.summary(
+            "Client storm: N C clients released at once against hami-trio broker",
+            headers=[
+                "clients",
+                "runs all answered",
+                "median wall ms",
+                "range ms",
+                "median client p99 ms",
+            ],
+            rows=rows,
+            figures=figures,
+            notes=[
+                "wall: release of the storm -> last answer; every client runs as uid 65534 "
+                "in its own PID namespace behind a read-only bind mount (the container setup).",
+                "A run counts only if every client got an answer and every PID is distinct. "
+                "Goal (issue 3): 1000 clients in under 1 s.",
+            ],
+        )
     return 1 if failed else 0
 
 

@@ -1,7 +1,8 @@
 """Shared pytest configuration: hypothesis profiles and the ``root`` marker.
 
-Hypothesis profiles: ``default`` (quick, for the edit-test loop), ``ci`` (what CI runs) and
-``fuzz`` (long campaigns); pick one with ``HYPOTHESIS_PROFILE``.
+Hypothesis profiles (defined in ``tests/profiles.py``, shared with ``fuzz/run``): ``default``
+(quick, for the edit-test loop), ``ci`` and ``fuzz`` (long campaigns); pick one with
+``HYPOTHESIS_PROFILE``.
 
 Tests marked ``@pytest.mark.root`` use real kernel objects that need euid 0 (PID and mount
 namespaces, bind mounts, chown, setuid).  Without root they are skipped, except in CI
@@ -13,15 +14,11 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 
-settings.register_profile("default", max_examples=100, deadline=None)
-settings.register_profile(
-    "ci", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.register_profile(
-    "fuzz", max_examples=100_000, deadline=None, suppress_health_check=list(HealthCheck)
-)
+from tests.profiles import register_profiles
+
+register_profiles()
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 

@@ -41,11 +41,13 @@ __all__ = [
     "ClientRun",
     "Sandbox",
     "build_c_client",
+    "c_client_build_command",
     "make_sandbox",
     "makefile_warnings",
     "python_broker",
     "rogue_server",
     "run_in_sandbox",
+    "sandbox_command",
 ]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,6 +80,24 @@ def makefile_warnings() -> list[str]:
     return match.group(1).split()
 
 
+def c_client_build_command(
+    dest: Path, *, extra_cflags: str = "", static: bool = False
+) -> list[str]:
+    """The gcc command :func:`build_c_client` runs (benchmarks record it)."""
+    return [
+        "gcc",
+        *makefile_warnings(),
+        "-O2",
+        "-g",
+        *extra_cflags.split(),
+        *(["-static"] if static else []),
+        "-o",
+        str(dest / "hostpid-client"),
+        str(C_SOURCES / "hostpid_client.c"),
+        str(C_SOURCES / "hostpid_cli.c"),
+    ]
+
+
 def build_c_client(dest: Path, *, extra_cflags: str = "", static: bool = False) -> Path:
     """Compile ``hostpid-client`` into ``dest`` with gcc and the Makefile's flags.
 
@@ -89,18 +109,7 @@ def build_c_client(dest: Path, *, extra_cflags: str = "", static: bool = False) 
     """
     binary = dest / "hostpid-client"
     subprocess.run(
-        [
-            "gcc",
-            *makefile_warnings(),
-            "-O2",
-            "-g",
-            *extra_cflags.split(),
-            *(["-static"] if static else []),
-            "-o",
-            str(binary),
-            str(C_SOURCES / "hostpid_client.c"),
-            str(C_SOURCES / "hostpid_cli.c"),
-        ],
+        c_client_build_command(dest, extra_cflags=extra_cflags, static=static),
         check=True,
         capture_output=True,
         text=True,
@@ -177,6 +186,35 @@ def _ns_pids(pid: int) -> tuple[int, ...]:
     raise AssertionError(f"/proc/{pid}/status has no NSpid line")
 
 
+def sandbox_command(
+    box: Sandbox,
+    argv: Sequence[str],
+    *,
+    read_only: bool = True,
+    client_drops_itself: bool = False,
+) -> list[str]:
+    """The exact command :func:`run_in_sandbox` runs for ``argv`` (benchmarks record it)."""
+    return [
+        "unshare",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "/bin/sh",
+        "-c",
+        _SANDBOX_SCRIPT,
+        "sandbox",
+        str(box.broker_dir),
+        str(box.mount_point),
+        "ro" if read_only else "rw",
+        "self" if client_drops_itself else "setpriv",
+        *argv,
+    ]
+
+
 def run_in_sandbox(
     box: Sandbox,
     argv: Sequence[str],
@@ -200,25 +238,7 @@ def run_in_sandbox(
     Returns:
         The client's exit status, output, host-side and namespace PIDs and run time.
     """
-    cmd = [
-        "unshare",
-        "--pid",
-        "--fork",
-        "--kill-child",
-        "--mount",
-        "--propagation",
-        "private",
-        "--",
-        "/bin/sh",
-        "-c",
-        _SANDBOX_SCRIPT,
-        "sandbox",
-        str(box.broker_dir),
-        str(box.mount_point),
-        "ro" if read_only else "rw",
-        "self" if client_drops_itself else "setpriv",
-        *argv,
-    ]
+    cmd = sandbox_command(box, argv, read_only=read_only, client_drops_itself=client_drops_itself)
     child_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"} if env is None else dict(env)
     with subprocess.Popen(
         cmd,

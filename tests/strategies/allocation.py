@@ -19,6 +19,7 @@ __all__ = [
     "canonical_paths",
     "env_maps",
     "equivalent_paths",
+    "json_documents",
     "mounts",
     "parent_paths",
     "raw_paths",
@@ -131,3 +132,64 @@ def responses() -> st.SearchStrategy[ContainerAllocateResponse]:
         annotations=st.dictionaries(st.sampled_from(["a", "hami.io/x"]), st.text(max_size=3)),
         cdi_devices=st.lists(st.sampled_from(["nvidia.com/gpu=0", "x=y"]), max_size=2).map(tuple),
     )
+
+
+# Field names of the Go JSON (snake_case and protobuf camelCase) and near misses.
+_JSON_KEYS = [
+    "envs",
+    "mounts",
+    "devices",
+    "annotations",
+    "cdi_devices",
+    "cdiDevices",
+    "container_path",
+    "containerPath",
+    "host_path",
+    "hostPath",
+    "read_only",
+    "readOnly",
+    "permissions",
+    "name",
+    "Mounts",
+    "",
+]
+
+
+def json_values() -> st.SearchStrategy[object]:
+    """Any JSON value, with objects keyed mostly by the response's own field names."""
+    scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6)
+    keys = st.sampled_from(_JSON_KEYS) | st.text(max_size=4)
+    return st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(keys, inner, max_size=4),
+        max_leaves=16,
+    )
+
+
+@st.composite
+def json_documents(draw: st.DrawFn) -> object:
+    """Decoded JSON a device plugin might hand over: any value, or a valid response's
+    document with one field (at any depth) replaced by any JSON value."""
+    if draw(st.booleans()):
+        return draw(json_values())
+    doc: object = draw(responses()).to_dict()
+    node = doc
+    # Walk down a random path and replace what is there.
+    while isinstance(node, dict | list) and node and draw(st.booleans()):
+        if isinstance(node, dict):
+            key = draw(st.sampled_from(sorted(node)))
+            child = node[key]
+            if not isinstance(child, dict | list) or not child or draw(st.booleans()):
+                node[key] = draw(json_values())
+                return doc
+            node = child
+        else:
+            index = draw(st.integers(0, len(node) - 1))
+            child = node[index]
+            if not isinstance(child, dict | list) or not child or draw(st.booleans()):
+                node[index] = draw(json_values())
+                return doc
+            node = child
+    if isinstance(node, dict):
+        node[draw(st.sampled_from(_JSON_KEYS))] = draw(json_values())
+    return doc

@@ -9,7 +9,9 @@ Used by ``tests/monitor`` and the fuzz campaign.  Three families:
   but with hostile values (``proc_num`` far outside 0..1024, ``num`` up to 2**64-1, priority
   extremes, random UUID bytes, random slot statuses);
 - :func:`region_bytes`: the bytes of such a region, optionally with random byte flips, so a
-  parser sees both plausible and corrupted files.
+  parser sees both plausible and corrupted files;
+- :func:`region_files`: whole file contents: such a region cut or zero-extended to a size
+  around the loader's boundaries, sometimes under a random header.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = [
     "boundary_sizes",
     "proc_slots",
     "region_bytes",
+    "region_files",
     "region_specs",
     "sizes_and_headers",
     "uuid_values",
@@ -134,4 +137,21 @@ def region_bytes(draw: st.DrawFn) -> bytes:
     data = build_region(draw(region_specs()))
     for _ in range(draw(st.integers(0, 4))):
         data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+    return bytes(data)
+
+
+@st.composite
+def region_files(draw: st.DrawFn) -> bytes:
+    """A whole ``.cache`` file: a :func:`region_bytes` region resized to its own length or to
+    a :func:`boundary_sizes` size (cut, or extended with zeros), and in half the cases with
+    the header of :func:`sizes_and_headers` written over its first 12 bytes."""
+    data = bytearray(draw(region_bytes()))
+    size = draw(st.one_of(st.just(len(data)), boundary_sizes()))
+    if size <= len(data):
+        del data[size:]
+    else:
+        data.extend(bytes(size - len(data)))
+    if size >= 12 and draw(st.booleans()):
+        _, header = draw(sizes_and_headers().filter(lambda case: len(case[1]) == 12))
+        data[:12] = header
     return bytes(data)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from hami_trio.broker.protocol import MAGIC, MAX_PID, VALID_REQUEST, VERSION, Status
+from hami_trio.broker.protocol import MAGIC, MAX_PID, REQUEST_SIZE, VALID_REQUEST, VERSION, Status
 
 __all__ = [
     "chunkings",
     "near_miss_requests",
     "pids",
     "request_bytes",
+    "request_streams",
     "response_fields",
     "trailing_bytes",
 ]
@@ -59,6 +60,20 @@ def request_bytes() -> st.SearchStrategy[bytes]:
 def trailing_bytes() -> st.SearchStrategy[bytes]:
     """What a client might send after its 8 bytes (ignored by the server, B-5)."""
     return st.binary(max_size=32)
+
+
+def request_streams() -> st.SearchStrategy[bytes]:
+    """Everything a peer may send on one connection before it stops: any length.
+
+    Empty and short inputs (a prefix of the valid request or of a near miss), exactly 8
+    bytes, 8 bytes followed by trailing bytes, and uniformly random bytes of any length.
+    """
+    return st.one_of(
+        st.binary(max_size=40),
+        st.builds(lambda head, tail: head + tail, request_bytes(), trailing_bytes()),
+        st.integers(0, REQUEST_SIZE - 1).map(lambda size: VALID_REQUEST[:size]),
+        st.builds(lambda data, size: data[:size], near_miss_requests(), st.integers(0, 7)),
+    )
 
 
 @st.composite
