@@ -16,15 +16,24 @@ benchmark's results directory; :func:`parse_storm` turns the report into numbers
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from bench._results import Results
-from tests.clients.harness import ClientRun, Sandbox, run_in_sandbox, sandbox_command
+from tests.clients.harness import (
+    ClientRun,
+    Sandbox,
+    make_sandbox,
+    python_broker,
+    run_in_sandbox,
+    sandbox_command,
+)
 
-__all__ = ["StormReport", "parse_storm", "run_sandboxed"]
+__all__ = ["StormReport", "parse_storm", "run_sandboxed", "sandbox_with_broker"]
 
 _HEAD = re.compile(r"clients=(\d+) successful=(\d+) failed=(\d+) wall_ms=([\d.]+)")
 _LATENCY = re.compile(
@@ -104,3 +113,20 @@ def run_sandboxed(
         note=f"env: {env_text}; stdin 'go' releases the storm (tests/clients/harness.py)",
     )
     return run, parse_storm(run.stdout)
+
+
+@contextlib.contextmanager
+def sandbox_with_broker(res: Results) -> Iterator[Sandbox]:
+    """The client sandbox with our broker listening on its host-side socket.
+
+    The broker runs for the whole ``with`` block; its command line is recorded in ``res``.
+    """
+    with make_sandbox() as box, python_broker(box.host_socket):
+        res.note_command(
+            [sys.executable, "-m", "hami_trio", "broker", "--socket-path", str(box.host_socket)],
+            name="broker",
+            returncode=None,
+            seconds=None,
+            note="tests/clients/harness.py python_broker, runs for the whole benchmark",
+        )
+        yield box

@@ -34,12 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench._results import Results, loadavg  # noqa: E402  (needs the repository on sys.path)
-from bench._storm import run_sandboxed  # noqa: E402
+from bench._storm import run_sandboxed, sandbox_with_broker  # noqa: E402
 from tests.clients.harness import (  # noqa: E402
     build_c_client,
     c_client_build_command,
-    make_sandbox,
-    python_broker,
 )
 from tests.sandbox import world_readable_dir  # noqa: E402
 
@@ -85,21 +83,7 @@ def main() -> int:
                 returncode=0,
                 seconds=None,
             )
-            with make_sandbox() as box, python_broker(box.host_socket):
-                res.note_command(
-                    [
-                        sys.executable,
-                        "-m",
-                        "hami_trio",
-                        "broker",
-                        "--socket-path",
-                        str(box.host_socket),
-                    ],
-                    name="broker",
-                    returncode=None,
-                    seconds=None,
-                    note="tests/clients/harness.py python_broker, runs for the whole benchmark",
-                )
+            with sandbox_with_broker(res) as box:
                 for size in args.sizes:
                     walls: list[float] = []
                     p99s: list[float] = []

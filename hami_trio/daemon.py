@@ -73,8 +73,12 @@ class _Starter(Protocol):
     def __call__(self, *, task_status: Any) -> Awaitable[None]: ...
 
 
-class _StartRecorder:
-    """A ``task_status`` that remembers whether ``started()`` was called."""
+class StartRecorder:
+    """A ``task_status`` that remembers whether ``started()`` was called.
+
+    Wrap the ``task_status`` a task received to tell, when it fails or returns, whether it
+    had reported ready (a failure before ``started()`` is a start-up failure).
+    """
 
     def __init__(self, inner: trio.TaskStatus[Any]) -> None:
         self._inner = inner
@@ -208,7 +212,7 @@ class _Agent:
         self, name: str, serve: _Starter, *, task_status: trio.TaskStatus[Any]
     ) -> None:
         """Run one task; record its name and whether it started if it fails or returns."""
-        status = _StartRecorder(task_status)
+        status = StartRecorder(task_status)
         try:
             await serve(task_status=status)
         except Exception as exc:
@@ -447,7 +451,7 @@ async def run_agent(
 
             async def agent(*, task_status: trio.TaskStatus[AgentHandle]) -> None:
                 nonlocal failure
-                status = _StartRecorder(task_status)
+                status = StartRecorder(task_status)
                 try:
                     await serve_agent(config, nvml=nvml, task_status=status)
                 except HamiTrioError as exc:

@@ -46,6 +46,7 @@ from hami_trio.broker.protocol import (
     VALID_REQUEST,
     encode_response,
 )
+from tests.broker.wire import blocking_exchange
 from tests.clients.harness import python_broker
 from tests.strategies import connections as st_conn
 
@@ -79,18 +80,6 @@ def _fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def _probe(path: Path) -> bytes:
-    """One valid exchange from this process (blocking, 2 s timeout); the bytes answered."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(2.0)
-        sock.connect(str(path))
-        sock.sendall(VALID_REQUEST)
-        data = b""
-        while chunk := sock.recv(64):
-            data += chunk
-        return data
-
-
 @contextlib.contextmanager
 def _broker_session() -> Iterator[None]:
     """Run the two brokers for the whole target; record their descriptor baselines."""
@@ -110,7 +99,7 @@ def _broker_session() -> Iterator[None]:
                     )
                 )
                 # The baseline after a first exchange: everything lazy is allocated by now.
-                _probe(path)
+                blocking_exchange(path, timeout=2.0)
                 _BROKERS[name] = _Broker(path, proc.pid, _fd_count(proc.pid))
             try:
                 yield
@@ -222,7 +211,9 @@ def _settle(broker: _Broker) -> None:
             f"{_FD_SETTLE:.1f} s after the session"
         )
         time.sleep(0.02)
-    assert _probe(broker.path) == encode_response(os.getpid()), "broker stopped answering"
+    assert blocking_exchange(broker.path, timeout=2.0) == encode_response(os.getpid()), (
+        "broker stopped answering"
+    )
 
 
 def _check(name: str, session: st_conn.Session, strict: bool) -> None:

@@ -46,6 +46,7 @@ from typing import Any, Final, Protocol, TextIO
 import trio
 
 from hami_trio.config import BindAddress
+from hami_trio.daemon import StartRecorder
 from hami_trio.demo.report import RunRecord, WorkloadRecord, render_summary, summarize
 from hami_trio.demo.sandbox import NOBODY, SANDBOX_CACHE_DIR
 from hami_trio.demo.scenario import (
@@ -456,18 +457,6 @@ def _check_leftovers(record: RunRecord, paths: DemoPaths) -> None:
     record.socket_left = os.path.lexists(paths.socket_path)
 
 
-class _Started:
-    """A ``task_status`` that remembers whether the agent reported ready."""
-
-    def __init__(self, inner: trio.TaskStatus[Any]) -> None:
-        self._inner = inner
-        self.done = False
-
-    def started(self, value: Any = None) -> None:
-        self.done = True
-        self._inner.started(value)
-
-
 async def _agent(
     serve: AgentServer,
     settings: AgentSettings,
@@ -478,7 +467,7 @@ async def _agent(
     task_status: trio.TaskStatus[RunningAgent],
 ) -> None:
     """Run the agent; a failure after its start ends the run and is recorded, not raised."""
-    status = _Started(task_status)
+    status = StartRecorder(task_status)
     try:
         await serve(settings, task_status=status)
     except HamiTrioError as exc:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from hami_trio.broker.protocol import VALID_REQUEST, encode_response
 from hami_trio.broker.server import BrokerConfig
 from hami_trio.cli import build_parser, main
 from hami_trio.errors import BrokerStartupError, ConfigError
-from tests.broker.wire import exchange, present, read_to_eof, send_now
+from tests.broker.wire import blocking_exchange, exchange, present, read_to_eof, send_now
 
 
 def start_broker(socket_path: Path, *extra: str) -> subprocess.Popen[str]:
@@ -36,17 +35,6 @@ def start_broker(socket_path: Path, *extra: str) -> subprocess.Popen[str]:
         proc.wait()
         raise AssertionError(f"broker did not start: {line}{proc.stderr.read()}")
     return proc
-
-
-def blocking_exchange(path: Path) -> bytes:
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.settimeout(10)
-        sock.connect(str(path))
-        sock.sendall(VALID_REQUEST)
-        data = b""
-        while chunk := sock.recv(64):
-            data += chunk
-        return data
 
 
 def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:

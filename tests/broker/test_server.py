@@ -34,6 +34,7 @@ from hami_trio.broker.server import (
 from hami_trio.errors import BrokerError, BrokerStartupError, ConfigError
 from tests.broker.vectors import DOC_VECTORS, expected_answer
 from tests.broker.wire import (
+    blocking_exchange,
     exchange,
     present,
     read_to_eof,
@@ -61,18 +62,6 @@ if sys.argv[2:] == ["wait"]:
 
 def config(path: Path, **overrides: object) -> BrokerConfig:
     return BrokerConfig(socket_path=path, **overrides)  # type: ignore[arg-type]
-
-
-def blocking_exchange(path: Path) -> bytes:
-    """A plain blocking client (for forked children and threads)."""
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.settimeout(5)
-        sock.connect(str(path))
-        sock.sendall(VALID_REQUEST)
-        data = b""
-        while chunk := sock.recv(64):
-            data += chunk
-        return data
 
 
 # -- answers -----------------------------------------------------------------------------------

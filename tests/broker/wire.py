@@ -88,3 +88,15 @@ def present(path: Path) -> bool:
     autojump clock sees an idle loop and jumps (expiring the broker's deadlines).
     """
     return os.path.lexists(path)
+
+
+def blocking_exchange(path: Path, payload: bytes = VALID_REQUEST, timeout: float = 5.0) -> bytes:
+    """A plain blocking client (for forked children, threads and processes outside trio)."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(path))
+        sock.sendall(payload)
+        data = b""
+        while chunk := sock.recv(64):
+            data += chunk
+        return data
