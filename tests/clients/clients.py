@@ -33,6 +33,14 @@ class Outcome:
         return float(match.group(1)) if match else self.run.elapsed
 
 
+def client_env(switch: str | None) -> dict[str, str]:
+    """A client's minimal environment; ``switch`` is LIBVGPU_HOSTPID_BROKER (None: unset)."""
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    if switch is not None:
+        env["LIBVGPU_HOSTPID_BROKER"] = switch
+    return env
+
+
 def parse_outcome(run: ClientRun) -> Outcome:
     """Turn a client's exit status and stdout into an :class:`Outcome`.
 
@@ -66,9 +74,7 @@ class CClient:
         switch: str | None = "1",
     ) -> Outcome:
         """Query once from inside ``box``; ``switch`` is LIBVGPU_HOSTPID_BROKER (None: unset)."""
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-        if switch is not None:
-            env["LIBVGPU_HOSTPID_BROKER"] = switch
+        env = client_env(switch)
         argv = [str(self.binary), "--deadline", str(deadline), str(socket or box.client_socket)]
         return parse_outcome(run_in_sandbox(box, argv, read_only=read_only, env=env))
 
@@ -89,9 +95,7 @@ class PyClient:
         switch: str | None = "1",
     ) -> Outcome:
         """Query once from inside ``box``; ``switch`` is LIBVGPU_HOSTPID_BROKER (None: unset)."""
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-        if switch is not None:
-            env["LIBVGPU_HOSTPID_BROKER"] = switch
+        env = client_env(switch)
         argv = [
             sys.executable,
             str(PY_CHILD),
