@@ -99,9 +99,9 @@ class LockParentWatch:
         elif self._was_unsafe:
             self._was_unsafe = False
             logger.info(
-                "shared lock parent %s is %s again",
+                "shared lock parent %s is %s",
                 self.path,
-                "safe" if state.state == "ok" else "gone (not prepared yet)",
+                "safe again" if state.state == "ok" else "gone (not prepared yet)",
                 extra={"event": "lock_parent_recovered"},
             )
         return state

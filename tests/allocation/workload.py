@@ -10,10 +10,10 @@ child (:func:`tests.sandbox.run_in_child` with a private mount namespace):
 2. mount a fresh tmpfs on ``/tmp`` (private to the namespace) and bind-mount the host
    directory at ``/tmp/vgpulock`` through ``/proc/self/fd/N``: the workload's mount root *is*
    the host directory;
-3. drop every capability outside the default set of containerd and Docker (CHOWN,
+3. drop every capability outside the default set of containerd and Docker - CHOWN,
    DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, SETPCAP, NET_BIND_SERVICE, NET_RAW,
-   SYS_CHROOT, MKNOD, AUDIT_WRITE, SETFCAP): in particular no CAP_SYS_ADMIN, so the workload
-   cannot unmount or mount anything, exactly like a real container;
+   SYS_CHROOT, MKNOD, AUDIT_WRITE, SETFCAP - or the set a test asks for: in particular no
+   CAP_SYS_ADMIN, so the workload cannot unmount or mount anything, like a real container;
 4. run the attack, a plain function, through the workload's own path ``/tmp/vgpulock``.
 
 Nothing is mounted outside the child's namespace and the child is always waited for.
@@ -56,14 +56,14 @@ class _Data(ctypes.Structure):
     ]
 
 
-def _drop_to_default_caps() -> None:
+def _drop_caps(caps: frozenset[int]) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
     for cap in range(last + 1):
-        if cap not in DEFAULT_CAPS and libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+        if cap not in caps and libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"prctl(PR_CAPBSET_DROP, {cap}): {os.strerror(err)}")
-    keep = sum(1 << cap for cap in DEFAULT_CAPS)
+    keep = sum(1 << cap for cap in caps)
     header = _Header(_CAPABILITY_VERSION_3, 0)
     data = (_Data * 2)()
     for index in (0, 1):
@@ -83,7 +83,9 @@ def effective_caps() -> int:
     raise AssertionError("no CapEff in /proc/self/status")
 
 
-def _workload_main(host_lock: str, attack: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+def _workload_main(
+    host_lock: str, caps: frozenset[int], attack: Callable[..., Any], args: tuple[Any, ...]
+) -> Any:
     enter_namespaces(pid=False, mount=True)
     fd = os.open(host_lock, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     host_inode = os.fstat(fd).st_ino
@@ -93,21 +95,28 @@ def _workload_main(host_lock: str, attack: Callable[..., Any], args: tuple[Any, 
         bind_mount(f"/proc/self/fd/{fd}", WORKLOAD_LOCK, read_only=False)
     finally:
         os.close(fd)
-    _drop_to_default_caps()
-    caps = effective_caps()
-    if caps & (1 << CAP_SYS_ADMIN) or caps != sum(1 << cap for cap in DEFAULT_CAPS):
-        raise AssertionError(f"workload capabilities {caps:#x} are not the default set")
+    _drop_caps(caps)
+    effective = effective_caps()
+    if effective & (1 << CAP_SYS_ADMIN) or effective != sum(1 << cap for cap in caps):
+        raise AssertionError(f"workload capabilities {effective:#x} are not the ones asked for")
     if os.stat(WORKLOAD_LOCK).st_ino != host_inode:
         raise AssertionError("the workload's /tmp/vgpulock is not the host directory")
     return attack(*args)
 
 
-def as_workload(host_lock: Path, attack: Callable[..., Any], *args: Any) -> Any:
+def as_workload(
+    host_lock: Path,
+    attack: Callable[..., Any],
+    *args: Any,
+    caps: frozenset[int] = DEFAULT_CAPS,
+) -> Any:
     """Run ``attack(*args)`` as a root workload that has ``host_lock`` at ``/tmp/vgpulock``.
 
     Args:
         host_lock: the host-side lock parent (must exist).
         attack: a plain function (no trio, no threads) acting on :data:`WORKLOAD_LOCK`.
+        caps: the workload's capabilities (default: the runtime's default set; pass an
+            empty set for a pod that drops ALL).
 
     Returns:
         What ``attack`` returned.
@@ -115,4 +124,4 @@ def as_workload(host_lock: Path, attack: Callable[..., Any], *args: Any) -> Any:
     Raises:
         tests.sandbox.ChildError: the set-up or the attack failed in the child.
     """
-    return run_in_child(_workload_main, str(host_lock), attack, args).value
+    return run_in_child(_workload_main, str(host_lock), caps, attack, args).value
