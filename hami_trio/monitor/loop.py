@@ -463,6 +463,8 @@ class _LockWatch:
             return
         try:
             fd = os.open(self._path.parent, _PATH_FLAGS | os.O_DIRECTORY)
+        except FileNotFoundError:
+            return  # not there (yet): the next check creates it, then we watch it
         except OSError as exc:
             self._warn(exc)
             return
