@@ -26,9 +26,21 @@ Python's :func:`os.mkdir`, :func:`os.open` and :func:`os.stat` take ``dir_fd`` (
 path-based ``chmod`` or ``mkdir`` is used.  Only the last component of the parent path is opened
 without following symlinks; the parent's own ancestors (for ``/tmp``: only ``/``) are trusted.
 
-Every refusal raises :class:`~hami_trio.errors.LockDirError` naming the path and the reason; the
-device plugin fails that allocation instead of returning an unsafe mount.  The umask is never
-touched (it is process-wide and a device plugin may be threaded).
+Every refusal raises :class:`LockParentRefused` (a :class:`~hami_trio.errors.LockDirError`)
+naming the path, the reason and the recovery - the exact command where there is one - and is
+counted in :data:`LOCK_PARENT_REFUSALS`; the device plugin fails that allocation instead of
+returning an unsafe mount.  The umask is never touched (it is process-wide and a device plugin
+may be threaded).
+
+With the broker on, step 5 is followed by the nested mount point ``hostpid`` (where the
+runtime mounts the broker's directory): relative to the opened directory, it must be a
+directory of the trusted UID (created ``mkdirat`` 0755 if missing, mode restored with
+``fchmod``); a symlink, file or foreign directory there is refused.  ``repair=True`` is the
+operator's explicit action: it gives a directory of another owner back through the opened
+descriptor (``fchown``) and removes a planted ``hostpid`` entry with ``unlinkat`` (never
+followed); it still refuses a symlink or non-directory at the lock parent's own name and an
+unsafe parent.  :func:`inspect_lock_parent` checks the same rules read-only (``O_PATH``),
+for the agent.
 """
 
 from __future__ import annotations
