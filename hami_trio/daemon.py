@@ -9,13 +9,17 @@ How this works.  :func:`serve_agent` opens one nursery and starts every task in 
    client is configured (its first list makes ``/readyz`` pass, see docs/pod-watch.md);
 3. ``monitor`` - the feedback loop with its MIG-lock cancel scope: ready after its first tick
    (or at once while the MIG lock holds it);
-4. ``metrics`` - ``/metrics``, ``/healthz`` and ``/readyz``: ready once it listens;
-5. ``nvml`` - releases NVML while the MIG lock exists and allows it again afterwards.
+4. ``lock-parent`` - the read-only check of the workloads' shared lock parent
+   (``/tmp/vgpulock``, ``hami_trio_lock_parent_ok``): ready after its first check;
+5. ``metrics`` - ``/metrics``, ``/healthz`` and ``/readyz``: ready once it listens;
+6. ``nvml`` - releases NVML while the MIG lock exists and allows it again afterwards.
 
 Then it reports an :class:`AgentHandle` through ``task_status.started()``.  All of them write
 into one Prometheus registry, and ``/readyz`` runs real checks: the broker's socket file is
 still the one it bound, the pod source has listed, the monitor's tick counter moves (or the
-MIG lock pauses it).
+MIG lock pauses it).  ``/readyz`` also lists ``mig-lock-dir``, failing with the reason
+while the MIG lock directory is refused as unsafe; that check is informational (it does not
+make the agent unready: a directory a tenant made must not take the node's metrics away).
 
 Failure.  Every task runs under a supervisor that turns whatever it raises into a record of
 *which* task failed and whether it had started; a task that returns without being asked to
@@ -66,7 +70,7 @@ __all__ = ["TASKS", "AgentHandle", "run_agent", "serve_agent"]
 logger = logging.getLogger("hami_trio.daemon")
 
 #: The agent's tasks in start order (``broker`` and ``pod-watch`` only when configured).
-TASKS: Final = ("broker", "pod-watch", "monitor", "metrics", "nvml")
+TASKS: Final = ("broker", "pod-watch", "monitor", "lock-parent", "metrics", "nvml")
 
 
 class _Starter(Protocol):
@@ -190,6 +194,27 @@ class AgentHandle:
         self._agent.request_stop()
 
 
+class _MigLockDirCheck:
+    """Readiness line ``mig-lock-dir``: fails, with the reason, while the directory is refused.
+
+    Informational (see :func:`~hami_trio.monitor.http.make_app`): it never makes the agent
+    unready, because whoever can create the directory first could otherwise take the node's
+    metrics endpoint out of the Service.
+    """
+
+    informational = True
+
+    def __init__(self, monitor: Monitor) -> None:
+        self._monitor = monitor
+
+    def __call__(self) -> bool:
+        return self._monitor.mig_lock_problem is None
+
+    def reason(self) -> str:
+        problem = self._monitor.mig_lock_problem
+        return "" if problem is None else problem.message
+
+
 class _Agent:
     """The state :func:`serve_agent` shares between its tasks and the handle."""
 
@@ -246,6 +271,7 @@ class _Agent:
     ) -> None:
         # Imported here: pulling in kubernetes-asyncio, aiohttp and hypercorn costs about half
         # a second, which every other hami-trio command would pay at start-up.
+        from hami_trio.allocation.watch import LockParentWatch, serve_lock_parent_watch
         from hami_trio.broker.server import serve_broker
         from hami_trio.monitor.hostgpu import HostGpuSampler, serve_nvml_release
         from hami_trio.monitor.http import progress_check, serve_http
@@ -292,7 +318,19 @@ class _Agent:
         self.checks["monitor"] = progress_check(
             lambda: monitor.ticks, max_stall=stall, idle=lambda: monitor.paused
         )
+        self.checks["mig-lock-dir"] = _MigLockDirCheck(monitor)
         await nursery.start(self.supervise, "monitor", monitor.serve)
+        lock_parent = LockParentWatch(
+            str(config.lock_parent_path),
+            owner=os.geteuid(),
+            broker=config.broker is not None,
+            registry=registry,
+        )
+        await nursery.start(
+            self.supervise,
+            "lock-parent",
+            partial(serve_lock_parent_watch, lock_parent, monitor_config.interval),
+        )
         bound: BindAddress = await nursery.start(
             self.supervise,
             "metrics",

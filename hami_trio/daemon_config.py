@@ -31,6 +31,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from hami_trio.allocation.paths import LOCK_PARENT
 from hami_trio.broker.paths import DEFAULT_SOCKET_PATH
 from hami_trio.broker.server import DEFAULT_EXCHANGE_DEADLINE, DEFAULT_MAX_EXCHANGES, BrokerConfig
 from hami_trio.config import (
@@ -151,6 +152,15 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "PATH",
     ),
     Setting(
+        "lock_parent_path",
+        "--lock-parent-path",
+        "HAMI_TRIO_LOCK_PARENT_PATH",
+        "the workloads' shared lock parent as mounted into the agent; checked read-only every "
+        "interval and exported as hami_trio_lock_parent_ok (missing is fine: not prepared yet) "
+        f"(default {LOCK_PARENT})",
+        "PATH",
+    ),
+    Setting(
         "metrics_bind_address",
         "--metrics-bind-address",
         "HAMI_TRIO_METRICS_BIND_ADDRESS",
@@ -224,6 +234,7 @@ class AgentConfig:
 
     Attributes:
         monitor: the monitor's settings (hook path, interval, resync interval, MIG lock).
+        lock_parent_path: the shared lock parent the agent checks (read-only).
         node_name: this node (validated when ``kubernetes`` is set; else only a label).
         kubernetes: how to reach the API server for the pod watch; None: ``--no-kubernetes``.
         metrics_bind: where ``/metrics``, ``/healthz`` and ``/readyz`` listen.
@@ -240,6 +251,7 @@ class AgentConfig:
     monitor: MonitorConfig
     node_name: str
     kubernetes: KubeAccess | None
+    lock_parent_path: Path = Path(LOCK_PARENT)
     metrics_bind: BindAddress = field(
         default_factory=lambda: parse_bind_address(DEFAULT_METRICS_BIND_ADDRESS)
     )
@@ -282,6 +294,7 @@ class AgentConfig:
             "resync_interval_seconds": self.monitor.resync_interval,
             "interval_seconds": self.monitor.interval,
             "mig_lock_path": str(self.monitor.mig_lock_path),
+            "lock_parent_path": str(self.lock_parent_path),
             "metrics_bind_address": str(self.metrics_bind),
             "legacy_metrics": self.legacy_metrics,
             "broker": broker,
@@ -466,6 +479,12 @@ def resolve_config(
         mig_lock_path=DEFAULT_MIG_LOCK_PATH if lock_text is None else Path(lock_text),
     )
 
+    parent_text, parent_origin = reader.text("lock_parent_path")
+    if parent_text == "":
+        raise ConfigError(f"{parent_origin}: empty path")
+    if parent_text is not None and not parent_text.startswith("/"):
+        raise ConfigError(f"{parent_origin}: {parent_text!r} is not an absolute path")
+
     bind_text, bind_origin = reader.text("metrics_bind_address")
     bind = parse_bind_address(
         DEFAULT_METRICS_BIND_ADDRESS if bind_text is None else bind_text, name=bind_origin
@@ -511,6 +530,7 @@ def resolve_config(
         monitor=monitor,
         node_name=node_name,
         kubernetes=access,
+        lock_parent_path=Path(LOCK_PARENT if parent_text is None else parent_text),
         metrics_bind=bind,
         legacy_metrics=legacy,
         broker=broker,

@@ -1,7 +1,9 @@
 """The allocation integration a device plugin calls from ``Allocate`` (SPEC A-1..A-6).
 
 - :mod:`~hami_trio.allocation.lockdir` prepares the host's ``/tmp/vgpulock`` (descriptor-based,
-  refuses symlinks, foreign owners and swaps);
+  refuses symlinks, foreign owners and swaps, names the recovery, counts refusals; an explicit
+  repair; a read-only check);
+- :mod:`~hami_trio.allocation.watch` is the agent's periodic read-only check (gauges);
 - :mod:`~hami_trio.allocation.response` models the kubelet's ContainerAllocateResponse and
   merges the canonical mounts and the broker env switch into it (pure);
 - :func:`allocate` does both, in that order;
@@ -14,7 +16,12 @@ This namespace only re-exports.
 from __future__ import annotations
 
 from hami_trio.allocation.integration import allocate
-from hami_trio.allocation.lockdir import LOCK_PARENT_MODE, prepare_lock_parent
+from hami_trio.allocation.lockdir import (
+    LOCK_PARENT_MODE,
+    LockParentRefused,
+    inspect_lock_parent,
+    prepare_lock_parent,
+)
 from hami_trio.allocation.paths import (
     BROKER_CONTAINER_DIR,
     BROKER_HOST_DIR,
@@ -38,10 +45,12 @@ __all__ = [
     "RESERVED_ENV_KEYS",
     "ContainerAllocateResponse",
     "DeviceSpec",
+    "LockParentRefused",
     "Mount",
     "allocate",
     "configure_host_pid_broker",
     "container_target",
     "go_clean",
+    "inspect_lock_parent",
     "prepare_lock_parent",
 ]

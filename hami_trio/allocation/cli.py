@@ -3,8 +3,13 @@
 HAMi's device plugin is written in Go and cannot import this package; it can run a command.
 
 - ``prepare-lock-dir [PATH]`` runs ``prepare_lock_parent``: exit 0 and no output when the
-  directory is (now) root-owned with mode 01777, else one line with the reason and exit 1.
-  For operators, init containers and plugins that exec it before each allocation.
+  directory is (now) root-owned with mode 01777, else one line with the reason and the
+  recovery command and exit 1.  For operators, init containers and plugins that exec it
+  before each allocation.  With the broker on (``--broker``, or ``LIBVGPU_HOSTPID_BROKER=1``
+  in its environment like ``allocate``) it also prepares the nested mount point
+  ``hostpid``.  ``--repair`` is the operator's explicit recovery: it gives a directory that
+  another UID took over back to the trusted UID and removes a symlink or file planted at
+  ``hostpid`` (see ``prepare_lock_parent``), then prints one line saying what it left.
 - ``allocate`` is ``allocate()`` as a filter: it reads one ContainerAllocateResponse as JSON
   (Go ``encoding/json`` of the kubelet type) on stdin, prepares the lock parent, applies the
   merge with the switch from ``LIBVGPU_HOSTPID_BROKER`` in its own environment, and writes
@@ -19,7 +24,7 @@ import os
 import sys
 
 from hami_trio.allocation.integration import allocate
-from hami_trio.allocation.lockdir import prepare_lock_parent
+from hami_trio.allocation.lockdir import MOUNT_POINT_NAME, prepare_lock_parent
 from hami_trio.allocation.paths import BROKER_HOST_DIR, LOCK_PARENT
 from hami_trio.allocation.response import ContainerAllocateResponse
 from hami_trio.config import BROKER_SWITCH_ENV, broker_switch_from_env
@@ -38,7 +43,13 @@ def _uid(text: str) -> int:
 
 
 def _cmd_prepare_lock_dir(args: argparse.Namespace) -> int:
-    prepare_lock_parent(args.path, args.owner)
+    broker = args.broker or broker_switch_from_env(os.environ)
+    prepared = prepare_lock_parent(args.path, args.owner, broker=broker, repair=args.repair)
+    if args.repair:
+        what = f", {MOUNT_POINT_NAME} a directory of UID {args.owner}, mode 0755" if broker else ""
+        sys.stdout.write(
+            f"{prepared}: repaired: a directory of UID {args.owner}, mode 1777{what}\n"
+        )
     return 0
 
 
@@ -69,6 +80,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     prep.add_argument("path", nargs="?", default=LOCK_PARENT, help=f"default {LOCK_PARENT}")
     prep.add_argument(
         "--owner", type=_uid, default=0, help="trusted UID of the directory and its parent (0)"
+    )
+    prep.add_argument(
+        "--broker",
+        action="store_true",
+        help="the host PID broker is on: also make the nested mount point PATH/hostpid a "
+        f"directory of the trusted UID (default: on when {BROKER_SWITCH_ENV}=1)",
+    )
+    prep.add_argument(
+        "--repair",
+        action="store_true",
+        help="operator recovery: give a directory another UID took over back to the trusted "
+        "UID (fchown/fchmod on the opened directory) and, with the broker on, remove a "
+        "symlink or file planted at PATH/hostpid; never follows a symlink",
     )
     prep.set_defaults(func=_cmd_prepare_lock_dir)
 

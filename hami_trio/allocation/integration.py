@@ -45,9 +45,12 @@ def allocate(
         The merged response (see ``configure_host_pid_broker``).
 
     Raises:
-        LockDirError: the lock parent cannot be prepared safely; fail the allocation.
+        LockDirError: the lock parent (or, with the broker on, its nested mount point
+            ``hostpid``) cannot be prepared safely; fail the allocation.  The message names
+            the recovery (a :class:`~hami_trio.allocation.lockdir.LockParentRefused`), and
+            the refusal is counted in ``hami_trio_lock_parent_refusals_total``.
     """
-    prepared = prepare_lock_parent(lock_parent, owner)
+    prepared = prepare_lock_parent(lock_parent, owner, broker=broker_enabled)
     return configure_host_pid_broker(
         response,
         broker_enabled,

@@ -26,9 +26,21 @@ Python's :func:`os.mkdir`, :func:`os.open` and :func:`os.stat` take ``dir_fd`` (
 path-based ``chmod`` or ``mkdir`` is used.  Only the last component of the parent path is opened
 without following symlinks; the parent's own ancestors (for ``/tmp``: only ``/``) are trusted.
 
-Every refusal raises :class:`~hami_trio.errors.LockDirError` naming the path and the reason; the
-device plugin fails that allocation instead of returning an unsafe mount.  The umask is never
-touched (it is process-wide and a device plugin may be threaded).
+Every refusal raises :class:`LockParentRefused` (a :class:`~hami_trio.errors.LockDirError`)
+naming the path, the reason and the recovery - the exact command where there is one - and is
+counted in :data:`LOCK_PARENT_REFUSALS`; the device plugin fails that allocation instead of
+returning an unsafe mount.  The umask is never touched (it is process-wide and a device plugin
+may be threaded).
+
+With the broker on, step 5 is followed by the nested mount point ``hostpid`` (where the
+runtime mounts the broker's directory): relative to the opened directory, it must be a
+directory of the trusted UID (created ``mkdirat`` 0755 if missing, mode restored with
+``fchmod``); a symlink, file or foreign directory there is refused.  ``repair=True`` is the
+operator's explicit action: it gives a directory of another owner back through the opened
+descriptor (``fchown``) and removes a planted ``hostpid`` entry with ``unlinkat`` (never
+followed); it still refuses a symlink or non-directory at the lock parent's own name and an
+unsafe parent.  :func:`inspect_lock_parent` checks the same rules read-only (``O_PATH``),
+for the agent.
 """
 
 from __future__ import annotations
@@ -36,22 +48,170 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable
-from typing import Literal
+from dataclasses import dataclass
+from typing import Final, Literal, get_args
+
+from prometheus_client import Counter
 
 from hami_trio._fs import file_kind
 from hami_trio.allocation.paths import LOCK_PARENT, go_clean
 from hami_trio.errors import LockDirError
 
-__all__ = ["LOCK_PARENT_MODE", "Step", "prepare_lock_parent"]
+__all__ = [
+    "LOCK_PARENT_MODE",
+    "LOCK_PARENT_REFUSALS",
+    "MOUNT_POINT_MODE",
+    "MOUNT_POINT_NAME",
+    "REFUSAL_REASONS",
+    "LockParentRefused",
+    "LockParentState",
+    "RefusalReason",
+    "Step",
+    "inspect_lock_parent",
+    "prepare_lock_parent",
+    "repair_command",
+]
 
 #: The only acceptable final mode: world-writable (every workload UID creates lock files)
 #: and sticky (nobody can delete or rename another user's entry).
 LOCK_PARENT_MODE = 0o1777
 
+#: The nested mount point of the broker's read-only mount (``/tmp/vgpulock/hostpid``).
+MOUNT_POINT_NAME: Final = "hostpid"
+#: Its mode: root's directory, nobody else may create entries in it.
+MOUNT_POINT_MODE: Final = 0o755
+
 #: The points between steps at which a test hook runs (see ``prepare_lock_parent``).
-Step = Literal["parent-checked", "created", "opened", "chmodded"]
+Step = Literal["parent-checked", "created", "opened", "chmodded", "mount-point-checked"]
+
+#: Why a lock parent was refused (the ``reason`` label of the refusal metrics):
+#:
+#: - ``path``: the configured path is unusable (relative, ``/``, contains ``..``);
+#: - ``parent``: its parent (``/tmp``) cannot be opened safely, has the wrong owner, or is
+#:   writable by others without the sticky bit;
+#: - ``symlink`` / ``not-directory``: a symlink or a non-directory sits at the name;
+#: - ``owner``: the directory belongs to another UID (e.g. a root workload chowned it);
+#: - ``mode``: its mode is not 01777 (the read-only check) or could not be made so;
+#: - ``replaced``: the name was swapped or removed while it was prepared;
+#: - ``mount-point``: with the broker on, ``hostpid`` inside it is not a directory of the
+#:   trusted UID (a planted symlink, file or foreign directory);
+#: - ``error``: another system call failed (the message has the errno text).
+RefusalReason = Literal[
+    "path",
+    "parent",
+    "symlink",
+    "not-directory",
+    "owner",
+    "mode",
+    "replaced",
+    "mount-point",
+    "error",
+]
+REFUSAL_REASONS: Final[tuple[RefusalReason, ...]] = get_args(RefusalReason)
+
+#: Refusals of :func:`prepare_lock_parent` in this process, by reason.  Registered in
+#: prometheus-client's default registry, so a Python device plugin that serves it (for example
+#: with ``prometheus_client.start_http_server``) exposes it without further code.  Alert on
+#: ``increase(hami_trio_lock_parent_refusals_total[10m]) > 0``: allocations are failing.
+LOCK_PARENT_REFUSALS: Final = Counter(
+    "hami_trio_lock_parent_refusals_total",
+    "Times preparing the shared lock parent (/tmp/vgpulock) was refused, by reason; each "
+    "refusal failed one allocation or one prepare-lock-dir run.",
+    ["reason"],
+)
+for _reason in REFUSAL_REASONS:
+    LOCK_PARENT_REFUSALS.labels(reason=_reason)
+
+
+class LockParentRefused(LockDirError):
+    """The lock parent is unsafe; the message names the path, the reason and the recovery.
+
+    Attributes:
+        path: the cleaned path of the lock parent.
+        reason: one of :data:`REFUSAL_REASONS` (the metric label).
+        recovery: what the operator should do, with the exact command where there is one.
+    """
+
+    def __init__(self, path: str, reason: RefusalReason, problem: str, recovery: str) -> None:
+        super().__init__(f"{path}: {problem}; {recovery}")
+        self.path = path
+        self.reason = reason
+        self.recovery = recovery
+
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def repair_command(path: str, *, owner: int = 0, broker: bool = False) -> str:
+    """The exact ``hami-trio prepare-lock-dir --repair`` command line for ``path``."""
+    parts = ["hami-trio prepare-lock-dir --repair"]
+    if broker:
+        parts.append("--broker")
+    if owner != 0:
+        parts.append(f"--owner {owner}")
+    parts.append(path)
+    return " ".join(parts)
+
+
+class _Context:
+    """What every refusal message needs: the path, the trusted UID and the broker switch."""
+
+    def __init__(self, full: str, parent: str, owner: int, broker: bool) -> None:
+        self.full = full
+        self.parent = parent
+        self.owner = owner
+        self.broker = broker
+
+    @property
+    def repair(self) -> str:
+        return f"run `{repair_command(self.full, owner=self.owner, broker=self.broker)}` as root"
+
+    def refuse(self, reason: RefusalReason, problem: str, recovery: str) -> LockParentRefused:
+        return LockParentRefused(self.full, reason, problem, recovery)
+
+    def refuse_owner(self, uid: int) -> LockParentRefused:
+        return self.refuse(
+            "owner",
+            f"is owned by UID {uid}, not the trusted UID {self.owner}; refusing to chmod or "
+            "mount a directory someone else controls",
+            f"recovery: {self.repair} on the node (it restores owner and mode in place, "
+            "through the opened directory; running workloads keep their mount)",
+        )
+
+    def refuse_entry(self, found: str, exc: OSError | None) -> LockParentRefused:
+        why = f" ({_oserror(exc)})" if exc is not None else ""
+        reason: RefusalReason = "symlink" if found == "a symlink" else "not-directory"
+        return self.refuse(
+            reason,
+            f"is {found}, not a directory; refusing to follow or use it{why}",
+            "recovery: a workload cannot put this there through its mount, someone with write "
+            f"access to {self.parent} on the host did; inspect it, remove the entry itself "
+            f"with `unlink {self.full}` (for a symlink this leaves its target alone), then run "
+            f"`hami-trio prepare-lock-dir {self.full}`; --repair never follows or removes it",
+        )
+
+    def refuse_parent(self, problem: str) -> LockParentRefused:
+        return self.refuse(
+            "parent",
+            problem,
+            f"recovery: make {self.parent} a real directory owned by UID {self.owner} with "
+            "mode 1777 (like /tmp); hami-trio never changes the parent, --repair included",
+        )
+
+    def refuse_error(self, problem: str) -> LockParentRefused:
+        return self.refuse(
+            "error", problem, f"recovery: fix the cause above, then {self.repair} or retry"
+        )
+
+    def refuse_race(self, reason: RefusalReason, problem: str) -> LockParentRefused:
+        return self.refuse(
+            reason,
+            problem,
+            "someone changed it while it was prepared; retry, and if it recurs find the "
+            f"process that changes {self.full} (`fuser -v {self.full}`, workloads running as "
+            f"root with CAP_CHOWN/CAP_FOWNER), then {self.repair}",
+        )
 
 
 def _describe(st: os.stat_result) -> str:
@@ -69,63 +229,101 @@ def _what_is(lstat: Callable[[], os.stat_result]) -> str:
 
 
 def _split(path: str) -> tuple[str, str]:
+    def refuse(problem: str) -> LockParentRefused:
+        return LockParentRefused(
+            path, "path", problem, "recovery: configure an absolute path such as /tmp/vgpulock"
+        )
+
     if not path.startswith("/"):
-        raise LockDirError(f"{path!r}: the lock parent must be an absolute path")
+        raise refuse(f"{path!r}: the lock parent must be an absolute path")
     if ".." in path.split("/"):
         # The kernel resolves ".." after symlinks, go_clean before them: the two can disagree
         # about which directory is meant, so such a path is ambiguous and refused.
-        raise LockDirError(f"{path!r}: the lock parent path must not contain '..'")
+        raise refuse(f"{path!r}: the lock parent path must not contain '..'")
     clean = go_clean(path)
     if clean == "/":
-        raise LockDirError(f"{path!r}: the lock parent cannot be the root directory")
+        raise refuse(f"{path!r}: the lock parent cannot be the root directory")
     parent, _, name = clean.rpartition("/")
     return parent or "/", name
+
+
+def _oserror(exc: OSError) -> str:
+    return exc.strerror or str(exc)
 
 
 def prepare_lock_parent(
     path: str = LOCK_PARENT,
     owner: int = 0,
     *,
+    broker: bool = False,
+    repair: bool = False,
     step_hook: Callable[[Step], None] | None = None,
 ) -> str:
-    """Create or repair the lock parent as a directory owned by ``owner`` with mode 01777.
+    """Create or fix the lock parent as a directory owned by ``owner`` with mode 01777.
 
     Idempotent: an already correct directory is left as it is.  See the module docstring for
-    the steps and the attack each one stops.
+    the steps and the attack each one stops.  Every refusal is counted in
+    :data:`LOCK_PARENT_REFUSALS` by reason.
 
     Args:
         path: the lock parent, absolute (``/tmp/vgpulock``); it is cleaned like Go's
             ``path.Clean`` and split into parent and name.
         owner: the trusted UID that must own both the parent and the directory (root in
             production; tests use their own UID for trees under a temporary directory).
+        broker: the host PID broker is on: also make sure the nested mount point
+            ``hostpid`` inside it is a directory of ``owner`` with mode 0755.
+        repair: the operator's explicit repair (``prepare-lock-dir --repair``): a directory
+            of another owner is given back to ``owner`` through the opened descriptor
+            (``fchown``) instead of being refused, and with ``broker`` a symlink or file
+            planted at ``hostpid`` is removed (``unlinkat`` relative to the directory, never
+            followed) and replaced by the directory.  A symlink or non-directory at the lock
+            parent's own name and an unsafe parent are still refused.
         step_hook: for tests only - called with the name of each completed step
-            (``parent-checked``, ``created``, ``opened``, ``chmodded``) so a test can swap the
-            directory in between and check the swap is refused.  Production passes nothing.
+            (``parent-checked``, ``created``, ``opened``, ``chmodded``, and with ``broker``
+            ``mount-point-checked``) so a test can swap things in between.
 
     Returns:
         The cleaned path that was prepared (``/tmp//vgpulock/`` gives ``/tmp/vgpulock``): the
         host path to mount.
 
     Raises:
-        LockDirError: the path is relative, ``/`` or contains ``..``; the parent cannot be
-            opened, is a symlink, has the wrong owner, or is writable by others without the
-            sticky bit; the name is a symlink, not a directory or has the wrong owner; a system
-            call failed; or the name no longer denotes the prepared directory at the end.  The
-            message names the path and the reason; an ``OSError`` cause is chained.
+        LockParentRefused: (a :class:`~hami_trio.errors.LockDirError`) the path is relative,
+            ``/`` or contains ``..``; the parent cannot be opened, is a symlink, has the wrong
+            owner, or is writable by others without the sticky bit; the name is a symlink,
+            not a directory or has the wrong owner (without ``repair``); the nested mount
+            point is unsafe (without ``repair``); a system call failed; or the name no longer
+            denotes the prepared directory at the end.  The message names the path, the
+            reason and the recovery (the exact command); ``reason`` is the metric label and an
+            ``OSError`` cause is chained.
     """
+    try:
+        return _prepare(path, owner, broker, repair, step_hook)
+    except LockParentRefused as exc:
+        LOCK_PARENT_REFUSALS.labels(reason=exc.reason).inc()
+        raise
+
+
+def _prepare(
+    path: str,
+    owner: int,
+    broker: bool,
+    repair: bool,
+    step_hook: Callable[[Step], None] | None,
+) -> str:
     parent, name = _split(path)
     full = f"{parent.rstrip('/')}/{name}"
+    ctx = _Context(full, parent, owner, broker)
     try:
         parent_fd = os.open(parent, _DIR_FLAGS)
     except OSError as exc:
         # lstat only to word the message; nothing is decided on a path-based lookup.
         found = _what_is(lambda: os.lstat(parent))
-        raise LockDirError(
-            f"{full}: cannot open parent {parent} without following symlinks: it is {found} "
+        raise ctx.refuse_parent(
+            f"cannot open parent {parent} without following symlinks: it is {found} "
             f"({_oserror(exc)})"
         ) from exc
     try:
-        _check_parent(parent_fd, parent, full, owner)
+        _check_parent(os.fstat(parent_fd), ctx)
         if step_hook is not None:
             step_hook("parent-checked")
         try:
@@ -133,12 +331,12 @@ def prepare_lock_parent(
         except FileExistsError:
             pass  # Whatever is there is opened without following links and checked below.
         except OSError as exc:
-            raise LockDirError(f"{full}: cannot create directory: {_oserror(exc)}") from exc
+            raise ctx.refuse_error(f"cannot create directory: {_oserror(exc)}") from exc
         if step_hook is not None:
             step_hook("created")
-        fd = _open_dir(parent_fd, name, full)
+        fd = _open_dir(parent_fd, name, ctx)
         try:
-            _prepare_opened(parent_fd, fd, name, full, owner, step_hook)
+            _prepare_opened(parent_fd, fd, name, ctx, repair, step_hook)
         finally:
             os.close(fd)
     finally:
@@ -146,77 +344,264 @@ def prepare_lock_parent(
     return full
 
 
-def _oserror(exc: OSError) -> str:
-    return exc.strerror or str(exc)
-
-
-def _check_parent(parent_fd: int, parent: str, full: str, owner: int) -> None:
-    st = os.fstat(parent_fd)
-    if st.st_uid != owner:
-        raise LockDirError(
-            f"{full}: parent {parent} is owned by UID {st.st_uid}, not the trusted UID {owner}"
+def _check_parent(st: os.stat_result, ctx: _Context) -> None:
+    if st.st_uid != ctx.owner:
+        raise ctx.refuse_parent(
+            f"parent {ctx.parent} is owned by UID {st.st_uid}, not the trusted UID {ctx.owner}"
         )
     mode = stat.S_IMODE(st.st_mode)
     if mode & 0o022 and not mode & stat.S_ISVTX:
-        raise LockDirError(
-            f"{full}: parent {parent} is writable by group or others (mode {mode:04o}) "
+        raise ctx.refuse_parent(
+            f"parent {ctx.parent} is writable by group or others (mode {mode:04o}) "
             "but not sticky, so anyone could replace the lock directory"
         )
 
 
-def _open_dir(parent_fd: int, name: str, full: str) -> int:
+def _open_dir(parent_fd: int, name: str, ctx: _Context) -> int:
     try:
         return os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
     except OSError as exc:
         # Say what is in the way (symlink, file, ...) rather than just ELOOP/ENOTDIR.
         found = _what_is(lambda: os.stat(name, dir_fd=parent_fd, follow_symlinks=False))
         if found == "a directory":
-            raise LockDirError(f"{full}: cannot open directory: {_oserror(exc)}") from exc
-        raise LockDirError(
-            f"{full}: is {found}, not a directory; refusing to follow or use it ({_oserror(exc)})"
-        ) from exc
+            raise ctx.refuse_error(f"cannot open directory: {_oserror(exc)}") from exc
+        raise ctx.refuse_entry(found, exc) from exc
 
 
 def _prepare_opened(
     parent_fd: int,
     fd: int,
     name: str,
-    full: str,
-    owner: int,
+    ctx: _Context,
+    repair: bool,
     step_hook: Callable[[Step], None] | None,
 ) -> None:
     if step_hook is not None:
         step_hook("opened")
     opened = os.fstat(fd)
     if not stat.S_ISDIR(opened.st_mode):  # O_DIRECTORY makes this impossible; belt and braces
-        raise LockDirError(f"{full}: is {_describe(opened)}, not a directory")
-    if opened.st_uid != owner:
-        raise LockDirError(
-            f"{full}: is owned by UID {opened.st_uid}, not the trusted UID {owner}; "
-            "refusing to chmod or mount a directory someone else controls"
-        )
+        raise ctx.refuse_entry(_describe(opened), None)
+    if opened.st_uid != ctx.owner:
+        if not repair:
+            raise ctx.refuse_owner(opened.st_uid)
+        # The object we opened and checked (a real directory, reached without following a
+        # link), never whatever the name points to now.
+        try:
+            os.fchown(fd, ctx.owner, os.getegid())
+        except OSError as exc:
+            raise ctx.refuse_error(
+                f"cannot give the directory back to UID {ctx.owner}: {_oserror(exc)}"
+            ) from exc
     try:
         os.fchmod(fd, LOCK_PARENT_MODE)
     except OSError as exc:
-        raise LockDirError(f"{full}: cannot set mode 1777: {_oserror(exc)}") from exc
+        raise ctx.refuse_error(f"cannot set mode 1777: {_oserror(exc)}") from exc
     if step_hook is not None:
         step_hook("chmodded")
+    if ctx.broker:
+        _prepare_mount_point(fd, ctx, repair)
+        if step_hook is not None:
+            step_hook("mount-point-checked")
 
     through_fd = os.fstat(fd)
     try:
         through_name = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
     except OSError as exc:
-        raise LockDirError(f"{full}: disappeared while it was prepared: {_oserror(exc)}") from exc
+        raise ctx.refuse_race(
+            "replaced", f"disappeared while it was prepared: {_oserror(exc)}"
+        ) from exc
     if (through_name.st_dev, through_name.st_ino) != (through_fd.st_dev, through_fd.st_ino):
-        raise LockDirError(
-            f"{full}: was replaced while it was prepared (the name is now "
-            f"{_describe(through_name)} with another device/inode)"
+        raise ctx.refuse_race(
+            "replaced",
+            f"was replaced while it was prepared (the name is now "
+            f"{_describe(through_name)} with another device/inode)",
         )
     for where, st in (("descriptor", through_fd), ("path", through_name)):
         mode = stat.S_IMODE(st.st_mode)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != owner or mode != LOCK_PARENT_MODE:
-            raise LockDirError(
-                f"{full}: final check through the {where} failed: {_describe(st)} owned by "
-                f"UID {st.st_uid} with mode {mode:04o} (want a directory of UID {owner}, "
-                f"mode {LOCK_PARENT_MODE:04o})"
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != ctx.owner or mode != LOCK_PARENT_MODE:
+            raise ctx.refuse_race(
+                "mode",
+                f"final check through the {where} failed: {_describe(st)} owned by "
+                f"UID {st.st_uid} with mode {mode:04o} (want a directory of UID {ctx.owner}, "
+                f"mode {LOCK_PARENT_MODE:04o})",
             )
+
+
+def _prepare_mount_point(fd: int, ctx: _Context, repair: bool) -> None:
+    """Make ``hostpid`` inside the opened lock parent a directory of ``owner``, mode 0755.
+
+    Everything is relative to ``fd``.  A workload (broker off, or an older pod without the
+    broker mount) can put anything at this name through its writable mount; the container
+    runtime later mounts the broker's directory there for the next workload.
+    """
+    where = f"{ctx.full}/{MOUNT_POINT_NAME}"
+    repair_hint = (
+        f"recovery: {ctx.repair} on the node (it removes a planted symlink or file at "
+        f"{where} without following it and creates the directory)"
+    )
+
+    def refuse(problem: str) -> LockParentRefused:
+        return ctx.refuse("mount-point", f"nested mount point {where} {problem}", repair_hint)
+
+    try:
+        st: os.stat_result | None = os.stat(MOUNT_POINT_NAME, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise ctx.refuse_error(f"cannot stat {where}: {_oserror(exc)}") from exc
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        if not repair:
+            raise refuse(f"is {_describe(st)}, not a directory; refusing to use it")
+        try:
+            os.unlink(MOUNT_POINT_NAME, dir_fd=fd)  # unlinkat: removes the entry, follows nothing
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise ctx.refuse_error(
+                f"cannot remove {_describe(st)} at {where}: {_oserror(exc)}"
+            ) from exc
+        st = None
+    if st is None:
+        try:
+            os.mkdir(MOUNT_POINT_NAME, MOUNT_POINT_MODE, dir_fd=fd)
+        except FileExistsError:
+            pass  # something raced in: opened without following and checked below
+        except OSError as exc:
+            raise ctx.refuse_error(f"cannot create {where}: {_oserror(exc)}") from exc
+    try:
+        sub = os.open(MOUNT_POINT_NAME, _DIR_FLAGS, dir_fd=fd)
+    except OSError as exc:
+        found = _what_is(lambda: os.stat(MOUNT_POINT_NAME, dir_fd=fd, follow_symlinks=False))
+        raise refuse(f"is {found}, not a directory ({_oserror(exc)})") from exc
+    try:
+        opened = os.fstat(sub)
+        if opened.st_uid != ctx.owner:
+            if not repair:
+                raise refuse(f"is owned by UID {opened.st_uid}, not the trusted UID {ctx.owner}")
+            try:
+                os.fchown(sub, ctx.owner, os.getegid())
+            except OSError as exc:
+                raise ctx.refuse_error(f"cannot chown {where}: {_oserror(exc)}") from exc
+        if stat.S_IMODE(opened.st_mode) != MOUNT_POINT_MODE or opened.st_uid != ctx.owner:
+            try:
+                os.fchmod(sub, MOUNT_POINT_MODE)
+            except OSError as exc:
+                raise ctx.refuse_error(f"cannot set mode 0755 on {where}: {_oserror(exc)}") from exc
+        final = os.fstat(sub)
+        try:
+            named = os.stat(MOUNT_POINT_NAME, dir_fd=fd, follow_symlinks=False)
+        except OSError as exc:
+            raise ctx.refuse_race("mount-point", f"{where} disappeared: {_oserror(exc)}") from exc
+        if (named.st_dev, named.st_ino) != (final.st_dev, final.st_ino) or (
+            final.st_uid != ctx.owner or stat.S_IMODE(final.st_mode) != MOUNT_POINT_MODE
+        ):
+            raise ctx.refuse_race(
+                "mount-point", f"{where} was replaced or changed while it was prepared"
+            )
+    finally:
+        os.close(sub)
+
+
+@dataclass(frozen=True, slots=True)
+class LockParentState:
+    """What :func:`inspect_lock_parent` found.
+
+    Attributes:
+        state: ``ok`` (safe), ``missing`` (not created yet: not an error) or ``unsafe``.
+        reason: for ``unsafe``, one of :data:`REFUSAL_REASONS`; else None.
+        message: for ``unsafe``, the path, the problem and the recovery command; else "".
+    """
+
+    state: Literal["ok", "missing", "unsafe"]
+    reason: RefusalReason | None = None
+    message: str = ""
+
+
+def inspect_lock_parent(
+    path: str = LOCK_PARENT, owner: int = 0, *, broker: bool = False
+) -> LockParentState:
+    """Check the lock parent without changing anything (the agent's periodic check).
+
+    Only ``O_PATH`` descriptors and ``fstat``/``fstatat``: nothing is created, chmodded,
+    followed or opened for I/O, so a FIFO or a device at the name cannot block it.  The rules
+    are those of :func:`prepare_lock_parent` after a successful run: the parent as there, a
+    directory of ``owner`` with mode exactly 01777 at the name and, with ``broker``, a
+    directory of ``owner`` that nobody else can write to at ``hostpid`` (a missing one is
+    fine: the next preparation creates it).
+
+    Returns:
+        The state; a missing parent or directory is ``missing``.
+    """
+    try:
+        parent, name = _split(path)
+    except LockParentRefused as exc:
+        return LockParentState("unsafe", exc.reason, str(exc))
+    full = f"{parent.rstrip('/')}/{name}"
+    ctx = _Context(full, parent, owner, broker)
+    try:
+        _inspect(parent, name, ctx)
+    except FileNotFoundError:
+        return LockParentState("missing")
+    except LockParentRefused as exc:
+        return LockParentState("unsafe", exc.reason, str(exc))
+    except OSError as exc:
+        return LockParentState("unsafe", "error", f"{full}: cannot check it: {_oserror(exc)}")
+    return LockParentState("ok")
+
+
+def _inspect(parent: str, name: str, ctx: _Context) -> None:
+    try:
+        parent_fd = os.open(parent, _PATH_FLAGS | os.O_DIRECTORY)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        found = _what_is(lambda: os.lstat(parent))
+        raise ctx.refuse_parent(
+            f"cannot open parent {parent}: it is {found} ({_oserror(exc)})"
+        ) from exc
+    try:
+        _check_parent(os.fstat(parent_fd), ctx)
+        fd = os.open(name, _PATH_FLAGS, dir_fd=parent_fd)  # a symlink is opened as itself
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISDIR(st.st_mode):
+                raise ctx.refuse_entry(_describe(st), None)
+            if st.st_uid != ctx.owner:
+                raise ctx.refuse_owner(st.st_uid)
+            mode = stat.S_IMODE(st.st_mode)
+            if mode != LOCK_PARENT_MODE:
+                raise ctx.refuse(
+                    "mode",
+                    f"has mode {mode:04o}, not {LOCK_PARENT_MODE:04o} (a workload running as "
+                    "root can chmod its mount root)",
+                    "the next allocation's preparation restores it; to restore it now, "
+                    f"{ctx.repair}",
+                )
+            if ctx.broker:
+                _inspect_mount_point(fd, ctx)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(parent_fd)
+
+
+def _inspect_mount_point(fd: int, ctx: _Context) -> None:
+    where = f"{ctx.full}/{MOUNT_POINT_NAME}"
+    try:
+        st = os.stat(MOUNT_POINT_NAME, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    problem = ""
+    if not stat.S_ISDIR(st.st_mode):
+        problem = f"is {_describe(st)}, not a directory"
+    elif st.st_uid != ctx.owner:
+        problem = f"is owned by UID {st.st_uid}, not the trusted UID {ctx.owner}"
+    elif stat.S_IMODE(st.st_mode) & 0o022:
+        problem = f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    if problem:
+        raise ctx.refuse(
+            "mount-point",
+            f"nested mount point {where} {problem}; the next allocation with the broker on "
+            "will be refused",
+            f"recovery: {ctx.repair} on the node",
+        )

@@ -183,7 +183,9 @@ def make_app(
     Args:
         registry: what ``/metrics`` renders.
         checks: readiness checks by name, evaluated in order on every ``/readyz``.  A check
-            that raises counts as failed (and is logged).
+            that raises counts as failed (and is logged).  A failing check with a
+            ``reason()`` method has its reason appended to its line; one with a true
+            ``informational`` attribute is listed but does not make ``/readyz`` fail.
         max_concurrent_scrapes: renders running at once in worker threads; more wait.
 
     Returns:
@@ -236,8 +238,16 @@ def make_app(
             except Exception:
                 _log.exception("readiness check %s raised", name)
                 passed = False
-            ready &= passed
-            lines.append(f"[+]{name} ok" if passed else f"[-]{name} failed")
+            if not getattr(check, "informational", False):
+                ready &= passed
+            line = f"[+]{name} ok" if passed else f"[-]{name} failed"
+            reason = getattr(check, "reason", None)
+            if not passed and callable(reason):
+                try:
+                    line += f": {' '.join(str(reason()).split())}"  # one line, whatever it says
+                except Exception:
+                    _log.exception("readiness check %s: reason() raised", name)
+            lines.append(line)
         lines.append("readyz check passed" if ready else "readyz check failed")
         await respond(send, 200 if ready else 503, ("\n".join(lines) + "\n").encode(), head=head)
 

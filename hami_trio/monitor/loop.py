@@ -17,12 +17,28 @@ resumes (with an immediate tick) once the lock is gone.  The lock is watched wit
 its directory (``inotify_simple`` under ``trio.lowlevel.wait_readable``), which cancels a
 running tick within one checkpoint, and ``lstat``-ed before every tick and before every batch
 of writes, so a lock that exists at start-up pauses from the start (upstream misses that) and
-a lost watch only costs latency.  The directory is created 0755 at start-up; any failure
-there is logged, never fatal.  Pause and resume are logged once each.
+a lost watch only costs latency.  The directory is created 0755 at start-up (and again by
+the next check if it was removed); any failure there is logged, never fatal.  Pause and
+resume are logged once each.
+
+The lock's directory is trusted only if root (or the agent's UID) controls it: anyone who
+could create ``/tmp/hami`` first - another host user, a pod with a ``hostPath`` of ``/tmp`` -
+could otherwise pause the monitor at will and freeze the containers it has blocked.  Every
+check (:func:`probe_mig_lock`) goes through descriptors without following symlinks: the
+directory must be a real directory of root or the agent, not writable by group or others,
+under a parent that is either not writable by others or sticky.  An unsafe directory is
+refused visibly - one warning naming the path, the reason and the recovery,
+``hami_trio_monitor_mig_lock_dir_unsafe`` 1, ``hami_trio_monitor_mig_lock_refusals_total``
+counted, :attr:`Monitor.mig_lock_problem` set (``/readyz`` lists it) - and never followed:
+the monitor runs as if there were no lock, because a directory a tenant made must not freeze
+feedback.  It is re-checked before every tick, so a fixed or replaced directory counts again
+at once; start-up never fails because of it.
 
 Self-metrics (names fixed by the project's metric contract) go into the injected registry:
 ``hami_trio_monitor_tick_duration_seconds``, ``hami_trio_monitor_containers``,
-``hami_trio_monitor_files_rejected_total{reason}`` and ``hami_trio_monitor_mig_paused``.
+``hami_trio_monitor_files_rejected_total{reason}``, ``hami_trio_monitor_mig_paused``,
+``hami_trio_monitor_mig_lock_dir_unsafe`` and
+``hami_trio_monitor_mig_lock_refusals_total{reason}``.
 
 API for the daemon and the metrics collector::
 
@@ -40,19 +56,21 @@ scrape has data), or at once if the MIG lock holds the loop paused at start-up.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import resource
+import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 import inotify_simple
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from hami_trio._fs import file_kind
 from hami_trio.config import parse_go_duration
 from hami_trio.errors import ConfigError
 from hami_trio.logs import RateLimiter
@@ -66,9 +84,13 @@ __all__ = [
     "DEFAULT_INTERVAL",
     "DEFAULT_MIG_LOCK_PATH",
     "DEFAULT_RESYNC_INTERVAL",
+    "MIG_LOCK_REASONS",
+    "MigLockProblem",
+    "MigLockReason",
     "Monitor",
     "MonitorConfig",
     "prepare_lock_dir",
+    "probe_mig_lock",
     "serve_monitor",
 ]
 
@@ -87,6 +109,9 @@ _LOCK_EVENTS = (
     | inotify_simple.flags.MOVED_TO
     | inotify_simple.flags.DELETE_SELF
     | inotify_simple.flags.MOVE_SELF
+)
+_LOST_EVENTS = (
+    inotify_simple.flags.IGNORED | inotify_simple.flags.DELETE_SELF | inotify_simple.flags.MOVE_SELF
 )
 
 
@@ -171,26 +196,196 @@ class MonitorConfig:
         )
 
 
-def prepare_lock_dir(directory: Path) -> None:
+#: Why the MIG lock directory was refused (the ``reason`` label of
+#: ``hami_trio_monitor_mig_lock_refusals_total``): its parent cannot be trusted (``parent``),
+#: a symlink (``symlink``) or something other than a directory (``not-directory``) is at its
+#: name, it belongs to a UID other than root or the agent's (``owner``), group or others can
+#: write to it (``mode``), or a system call failed (``error``).
+MigLockReason = Literal["parent", "symlink", "not-directory", "owner", "mode", "error"]
+MIG_LOCK_REASONS: tuple[MigLockReason, ...] = get_args(MigLockReason)
+#: The MIG lock directory's mode, as HAMi's device plugin creates it.
+MIG_LOCK_DIR_MODE = 0o755
+_PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True, slots=True)
+class MigLockProblem:
+    """Why the MIG lock directory is refused: a metric label and a message for operators."""
+
+    reason: MigLockReason
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class _LockProbe:
+    present: bool
+    problem: MigLockProblem | None = None
+
+
+def _trusted_uids() -> frozenset[int]:
+    return frozenset({0, os.geteuid()})
+
+
+def probe_mig_lock(lock_path: Path, *, create: bool = False) -> _LockProbe:
+    """Is the MIG lock there, in a directory that only root (or the agent) controls?
+
+    Every step is relative to a descriptor, and nothing is followed:
+
+    1. the directory's parent (``/tmp``) is opened ``O_PATH|O_DIRECTORY|O_NOFOLLOW``; it must
+       belong to root or the agent's UID and, if group or others can write to it, be sticky
+       (otherwise anyone could rename the directory away and put theirs in its place);
+    2. the directory is opened relative to it with ``O_PATH|O_NOFOLLOW`` - a symlink is
+       opened as itself, never followed - and ``fstat``-ed: a directory of root or the
+       agent's UID that neither group nor others can write to (HAMi's device plugin and this
+       agent create it with mode 0755).  With ``create``, a missing directory is made with
+       ``mkdirat`` (mode 0755, restored with ``fchmod`` if the umask took bits away);
+    3. the lock is ``fstatat(dir_fd, name, AT_SYMLINK_NOFOLLOW)``: whatever entry has that
+       name counts, as in HAMi (only root can have made it there).
+
+    An unsafe directory yields ``present=False`` with the problem: a directory someone else
+    controls must neither pause the monitor nor be watched.  A missing parent, directory or
+    lock is simply no lock.  Never raises ``OSError``.
+    """
+    directory = lock_path.parent
+    trusted = _trusted_uids()
+    try:
+        parent_fd = os.open(directory.parent, _PATH_FLAGS | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return _LockProbe(False)
+    except OSError as exc:
+        return _refused(
+            "parent",
+            f"cannot open its parent {directory.parent} without following "
+            f"symlinks ({exc.strerror or exc})",
+            directory,
+        )
+    try:
+        st = os.fstat(parent_fd)
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid not in trusted:
+            return _refused(
+                "parent", f"its parent {directory.parent} is owned by UID {st.st_uid}", directory
+            )
+        if mode & 0o022 and not mode & stat.S_ISVTX:
+            return _refused(
+                "parent",
+                f"its parent {directory.parent} is writable by others (mode {mode:04o}) but "
+                "not sticky",
+                directory,
+            )
+        dir_fd = _open_lock_dir(parent_fd, directory.name, create)
+        if dir_fd is None:
+            return _LockProbe(False)
+        try:
+            problem = _check_lock_dir(os.fstat(dir_fd), directory, trusted)
+            if problem is not None:
+                return _LockProbe(False, problem)
+            try:
+                os.stat(lock_path.name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return _LockProbe(False)
+            return _LockProbe(True)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        return _refused("error", f"cannot check it ({exc.strerror or exc})", directory)
+    finally:
+        os.close(parent_fd)
+
+
+def _refused(reason: MigLockReason, problem: str, directory: Path) -> _LockProbe:
+    recovery = (
+        f"remove it (`rm -rf {directory}` as root after checking what it is); the agent "
+        "recreates it root-owned with mode 0755 at its next tick"
+    )
+    if reason == "parent":
+        recovery = f"make {directory.parent} root-owned and sticky (mode 1777, like /tmp)"
+    elif reason == "error":
+        recovery = "fix the cause above"
+    return _LockProbe(
+        False,
+        MigLockProblem(
+            reason,
+            f"MIG lock directory {directory} refused: {problem}; MIG locks in it are ignored "
+            f"and the monitor keeps running; recovery: {recovery}",
+        ),
+    )
+
+
+def _open_lock_dir(parent_fd: int, name: str, create: bool) -> int | None:
+    try:
+        return os.open(name, _PATH_FLAGS, dir_fd=parent_fd)
+    except FileNotFoundError:
+        if not create:
+            return None
+    try:
+        os.mkdir(name, MIG_LOCK_DIR_MODE, dir_fd=parent_fd)
+    except FileExistsError:
+        pass  # raced: whatever is there now is opened without following and checked
+    else:
+        # Restore what the umask removed, through a descriptor of what we just made.
+        made = os.open(
+            name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd
+        )
+        try:
+            if os.fstat(made).st_uid in _trusted_uids():
+                os.fchmod(made, MIG_LOCK_DIR_MODE)
+        finally:
+            os.close(made)
+    try:
+        return os.open(name, _PATH_FLAGS, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return None
+
+
+def _check_lock_dir(
+    st: os.stat_result, directory: Path, trusted: frozenset[int]
+) -> MigLockProblem | None:
+    refused: _LockProbe | None = None
+    if stat.S_ISLNK(st.st_mode):
+        refused = _refused("symlink", "it is a symlink; it is never followed", directory)
+    elif not stat.S_ISDIR(st.st_mode):
+        refused = _refused(
+            "not-directory", f"it is a {file_kind(st.st_mode)}, not a directory", directory
+        )
+    elif st.st_uid not in trusted:
+        refused = _refused(
+            "owner",
+            f"it is owned by UID {st.st_uid}, not root or the agent's UID, so that user could "
+            "pause the monitor at will",
+            directory,
+        )
+    elif stat.S_IMODE(st.st_mode) & 0o022:
+        refused = _refused(
+            "mode",
+            f"group or others can write to it (mode {stat.S_IMODE(st.st_mode):04o}), so they "
+            "could pause the monitor at will",
+            directory,
+        )
+    return None if refused is None else refused.problem
+
+
+def prepare_lock_dir(directory: Path) -> MigLockProblem | None:
     """Create the MIG lock directory with mode 0755 if it is missing (never fatal).
 
-    An existing directory is left as it is (HAMi's device plugin creates the same one).
-    Failures are logged: the monitor still works, the lock is then polled each tick.
+    Creation and checks go through descriptors (see :func:`probe_mig_lock`); its missing
+    ancestors are created with ``os.makedirs``.  An existing safe directory is left as it is
+    (HAMi's device plugin creates the same one).  Failures and an unsafe directory are
+    logged: the monitor starts anyway, re-checks the directory every tick, and ignores locks
+    in an unsafe one.
+
+    Returns:
+        The problem with the directory, or None when it is (now) safe or cannot be made.
     """
     try:
         os.makedirs(directory.parent, mode=0o755, exist_ok=True)
-        os.mkdir(directory, 0o755)
-    except FileExistsError:
-        if not directory.is_dir():
-            logger.warning("MIG lock directory %s exists but is not a directory", directory)
-        return
     except OSError as exc:
         logger.warning("cannot create MIG lock directory %s: %s", directory, exc)
-        return
-    try:
-        os.chmod(directory, 0o755)  # mkdir's mode went through the umask
-    except OSError as exc:  # pragma: no cover - we just created it
-        logger.warning("cannot chmod MIG lock directory %s: %s", directory, exc)
+        return None
+    probe = probe_mig_lock(directory / DEFAULT_MIG_LOCK_PATH.name, create=True)
+    if probe.problem is not None:
+        logger.warning("%s", probe.problem.message, extra={"event": "mig_lock_dir_unsafe"})
+    return probe.problem
 
 
 def _raise_fd_limit() -> None:
@@ -230,10 +425,29 @@ class _SelfMetrics:
         )
         for reason in RejectReason:
             self.rejected.labels(reason=reason.value)
+        self.mig_dir_unsafe = Gauge(
+            "hami_trio_monitor_mig_lock_dir_unsafe",
+            "1 while the MIG lock directory is refused as unsafe (not a directory of root or "
+            "the agent that only they can write to); MIG locks in it are ignored meanwhile.",
+            registry=registry,
+        )
+        self.mig_dir_refusals = Counter(
+            "hami_trio_monitor_mig_lock_refusals_total",
+            "Times the MIG lock directory started being refused as unsafe, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        for mig_reason in MIG_LOCK_REASONS:
+            self.mig_dir_refusals.labels(reason=mig_reason)
 
 
 class _LockWatch:
-    """inotify on the lock's directory; calls ``on_change`` for events about the lock."""
+    """inotify on the lock's directory; calls ``on_change`` for events about the lock.
+
+    The watch is added through ``/proc/self/fd/N`` of a descriptor that :func:`probe_mig_lock`
+    rules found safe, so it is on the directory that was checked, never on what a symlink at
+    its name points to.  While the directory is unsafe there is no watch (the tick re-checks).
+    """
 
     def __init__(self, path: Path, on_change: Callable[[], None]) -> None:
         self._path = path
@@ -245,17 +459,32 @@ class _LockWatch:
         """Set up the watch if it is not (still) there; failures are logged once."""
         if self._inotify is not None:
             return
+        if probe_mig_lock(self._path).problem is not None:
+            return
         try:
-            notify = inotify_simple.INotify(nonblocking=True)
+            fd = os.open(self._path.parent, _PATH_FLAGS | os.O_DIRECTORY)
+        except FileNotFoundError:
+            return  # not there (yet): the next check creates it, then we watch it
         except OSError as exc:
             self._warn(exc)
             return
         try:
-            notify.add_watch(os.fspath(self._path.parent), _LOCK_EVENTS)
-        except OSError as exc:
-            notify.close()
-            self._warn(exc)
-            return
+            st = os.fstat(fd)
+            if st.st_uid not in _trusted_uids() or stat.S_IMODE(st.st_mode) & 0o022:
+                return  # changed since the probe: the next tick re-checks
+            try:
+                notify = inotify_simple.INotify(nonblocking=True)
+            except OSError as exc:
+                self._warn(exc)
+                return
+            try:
+                notify.add_watch(f"/proc/self/fd/{fd}", _LOCK_EVENTS)
+            except OSError as exc:
+                notify.close()
+                self._warn(exc)
+                return
+        finally:
+            os.close(fd)
         self._inotify = notify
 
     def _warn(self, exc: OSError) -> None:
@@ -281,7 +510,9 @@ class _LockWatch:
             except OSError as exc:  # pragma: no cover - reading a ready inotify fd
                 logger.warning("inotify read failed: %s", exc)
                 events = []
-            lost = any(event.mask & inotify_simple.flags.IGNORED for event in events)
+            # Removed, or renamed away (the watch would follow the old directory): re-arm on
+            # whatever the name denotes now, after the probe has checked it.
+            lost = any(event.mask & _LOST_EVENTS for event in events)
             if lost:
                 self.close()
             if lost or any(event.name == self._path.name or not event.name for event in events):
@@ -329,6 +560,8 @@ class Monitor:
         self._wakeup = trio.Event()
         self._limiter = RateLimiter(60.0, clock=trio.current_time)
         self._lock_error_logged = False
+        self._mig_problem: MigLockProblem | None = None
+        self._mig_limiter = RateLimiter(600.0, clock=trio.current_time)
 
     # -- read-only state ------------------------------------------------------------------
 
@@ -345,6 +578,11 @@ class Monitor:
     def paused(self) -> bool:
         """True while the MIG lock holds the feedback loop."""
         return self._paused
+
+    @property
+    def mig_lock_problem(self) -> MigLockProblem | None:
+        """Why the MIG lock directory is refused right now (None: it is safe or missing)."""
+        return self._mig_problem
 
     @property
     def ticks(self) -> int:
@@ -373,18 +611,36 @@ class Monitor:
         self._wakeup.set()
 
     def _lock_present(self) -> bool:
-        try:
-            os.lstat(self._config.mig_lock_path)
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            if exc.errno == errno.ENOTDIR:
-                return False
-            if not self._lock_error_logged:
-                self._lock_error_logged = True
-                logger.warning("cannot check MIG lock %s: %s", self._config.mig_lock_path, exc)
-            return False
-        return True
+        """The MIG lock exists in a safe directory (see :func:`probe_mig_lock`).
+
+        Called before every tick and every batch of writes, so a directory that is fixed,
+        replaced or made unsafe later is noticed within one interval.
+        """
+        probe = probe_mig_lock(self._config.mig_lock_path, create=True)
+        self._note_mig_problem(probe.problem)
+        return probe.present
+
+    def _note_mig_problem(self, problem: MigLockProblem | None) -> None:
+        previous, self._mig_problem = self._mig_problem, problem
+        if problem is None:
+            if previous is not None:
+                self._metrics.mig_dir_unsafe.set(0)
+                logger.info(
+                    "MIG lock directory %s is safe again: MIG locks in it pause the monitor",
+                    self._config.mig_lock_path.parent,
+                    extra={"event": "mig_lock_dir_safe"},
+                )
+            return
+        self._metrics.mig_dir_unsafe.set(1)
+        if previous is None or previous.reason != problem.reason:
+            self._metrics.mig_dir_refusals.labels(reason=problem.reason).inc()
+        muted = self._mig_limiter.check(problem.reason) is None
+        if not muted or previous is None or previous.reason != problem.reason:
+            logger.warning(
+                "%s",
+                problem.message,
+                extra={"event": "mig_lock_dir_unsafe", "reason": problem.reason},
+            )
 
     # -- one tick --------------------------------------------------------------------------
 
@@ -475,7 +731,14 @@ class Monitor:
             raise RuntimeError("this Monitor is already serving")
         self._serving = True
         _raise_fd_limit()
-        prepare_lock_dir(self._config.mig_lock_path.parent)
+        # Never fatal: an unsafe directory is logged, counted and ignored (see _lock_present).
+        try:
+            os.makedirs(self._config.mig_lock_path.parent.parent, mode=0o755, exist_ok=True)
+        except OSError as exc:
+            logger.warning(
+                "cannot create MIG lock directory %s: %s", self._config.mig_lock_path.parent, exc
+            )
+        probe_mig_lock(self._config.mig_lock_path, create=True)
         self._watch.ensure()
         started = False
 

@@ -14,8 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
-from hami_trio.allocation.lockdir import LOCK_PARENT_MODE, Step, prepare_lock_parent
+from hami_trio.allocation.lockdir import (
+    LOCK_PARENT_MODE,
+    LockParentRefused,
+    Step,
+    inspect_lock_parent,
+    prepare_lock_parent,
+)
 from hami_trio.errors import LockDirError
 
 NOBODY = 65534
@@ -347,3 +354,161 @@ def test_swap_to_regular_file_after_open_is_refused(tree: Tree) -> None:
     refused(
         tree, "replaced while it was prepared .*a regular file", step_hook=swap_hook("opened", swap)
     )
+
+
+# --- recovery: every refusal says what to do, is counted; --repair ----------------------------
+
+
+def refusal_count(reason: str) -> float:
+    value = REGISTRY.get_sample_value("hami_trio_lock_parent_refusals_total", {"reason": reason})
+    return value or 0.0
+
+
+@pytest.mark.parametrize(
+    ("setup", "reason", "recovery"),
+    [
+        (lambda t: t.lock.symlink_to(t.outside), "symlink", "`unlink "),
+        (lambda t: t.lock.write_text("x"), "not-directory", "`unlink "),
+        (lambda t: t.parent.chmod(0o777), "parent", "hami-trio never changes the parent"),
+    ],
+)
+def test_every_refusal_names_a_recovery_and_is_counted(
+    tree: Tree, setup: Callable[[Tree], None], reason: str, recovery: str
+) -> None:
+    setup(tree)
+    before = refusal_count(reason)
+    error = refused(tree, "recovery: ")
+    assert isinstance(error, LockParentRefused)
+    assert error.reason == reason
+    assert recovery in str(error)
+    assert refusal_count(reason) == before + 1
+
+
+def test_an_unusable_path_is_counted_as_path() -> None:
+    before = refusal_count("path")
+    with pytest.raises(LockParentRefused, match="configure an absolute path"):
+        prepare_lock_parent("tmp/vgpulock", ME)
+    assert refusal_count("path") == before + 1
+
+
+@pytest.mark.root
+def test_repair_gives_a_foreign_directory_back_through_the_descriptor(tree: Tree) -> None:
+    tree.lock.mkdir()
+    (tree.lock / "their.lock").write_text("held")
+    os.chown(tree.lock, NOBODY, NOBODY)
+    tree.lock.chmod(0o700)
+    inode = tree.lock.stat().st_ino
+    error = refused(tree, f"owned by UID {NOBODY}")
+    assert f"hami-trio prepare-lock-dir --repair {tree.lock}" in str(error)
+    assert prepare_lock_parent(tree.path, ME, repair=True) == tree.path
+    st = os.lstat(tree.lock)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode), st.st_ino) == (
+        ME,
+        os.getegid(),
+        0o1777,
+        inode,
+    )
+    assert (tree.lock / "their.lock").read_text() == "held"  # entries are not ours to judge
+
+
+@pytest.mark.parametrize(
+    ("setup", "match"),
+    [
+        (lambda t: t.lock.symlink_to(t.outside), "is a symlink"),
+        (lambda t: os.mkfifo(t.lock), "is a FIFO"),
+        (lambda t: t.parent.chmod(0o777), "not sticky"),
+    ],
+)
+def test_repair_still_refuses_what_it_cannot_fix_safely(
+    tree: Tree, setup: Callable[[Tree], None], match: str
+) -> None:
+    setup(tree)
+    before = snapshot(tree.outside)
+    with pytest.raises(LockParentRefused, match=match):
+        prepare_lock_parent(tree.path, ME, repair=True, broker=True)
+    assert snapshot(tree.outside) == before
+    assert os.listdir(tree.outside) == []
+
+
+def test_the_broker_mount_point_is_made_only_with_the_broker_on(
+    tree: Tree, umask_077: None
+) -> None:
+    prepare_lock_parent(tree.path, ME)
+    assert not (tree.lock / "hostpid").exists()
+    hook = swap_hook("mount-point-checked", lambda: None)
+    prepare_lock_parent(tree.path, ME, broker=True, step_hook=hook)
+    assert hook.seen[-1] == "mount-point-checked"  # type: ignore[attr-defined]
+    st = os.lstat(tree.lock / "hostpid")
+    assert stat.S_ISDIR(st.st_mode)
+    assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o755, ME)
+    (tree.lock / "hostpid").chmod(0o777)  # group/other-writable: fixed like the parent's mode
+    prepare_lock_parent(tree.path, ME, broker=True)
+    assert stat.S_IMODE(os.lstat(tree.lock / "hostpid").st_mode) == 0o755
+
+
+@pytest.mark.parametrize("planted", ["symlink", "file", "fifo"])
+def test_a_planted_mount_point_is_refused_then_removed_by_repair_without_following(
+    tree: Tree, planted: str
+) -> None:
+    prepare_lock_parent(tree.path, ME)
+    target = tree.outside / "target"
+    target.mkdir(mode=0o700)
+    mount_point = tree.lock / "hostpid"
+    if planted == "symlink":
+        mount_point.symlink_to(target)
+    elif planted == "file":
+        mount_point.write_text("x")
+    else:
+        os.mkfifo(mount_point)
+    before = snapshot(target)
+    with pytest.raises(LockParentRefused, match="nested mount point") as info:
+        prepare_lock_parent(tree.path, ME, broker=True)
+    assert info.value.reason == "mount-point"
+    assert f"--repair --broker {tree.lock}" in str(info.value)
+    prepare_lock_parent(tree.path, ME, broker=True, repair=True)
+    assert stat.S_ISDIR(os.lstat(mount_point).st_mode)
+    assert snapshot(target) == before
+    assert os.listdir(target) == []
+
+
+@pytest.mark.root
+def test_a_foreign_mount_point_directory_is_refused_and_repaired(tree: Tree) -> None:
+    prepare_lock_parent(tree.path, ME)
+    (tree.lock / "hostpid").mkdir()
+    os.chown(tree.lock / "hostpid", NOBODY, NOBODY)
+    with pytest.raises(LockParentRefused, match=f"hostpid is owned by UID {NOBODY}"):
+        prepare_lock_parent(tree.path, ME, broker=True)
+    prepare_lock_parent(tree.path, ME, broker=True, repair=True)
+    assert os.lstat(tree.lock / "hostpid").st_uid == ME
+
+
+# --- inspect_lock_parent: the agent's read-only check -----------------------------------------
+
+
+def test_inspect_is_read_only_and_reports_each_state(tree: Tree) -> None:
+    assert inspect_lock_parent(tree.path, ME).state == "missing"
+    assert inspect_lock_parent(str(tree.outside / "no" / "vgpulock"), ME).state == "missing"
+    assert not tree.lock.exists()  # nothing created
+    prepare_lock_parent(tree.path, ME)
+    assert inspect_lock_parent(tree.path, ME, broker=True).state == "ok"  # hostpid may be missing
+    tree.lock.chmod(0o777)
+    state = inspect_lock_parent(tree.path, ME)
+    assert (state.state, state.reason) == ("unsafe", "mode")
+    assert mode_of(tree.lock) == 0o777  # not restored by a check
+    tree.lock.chmod(0o1777)
+    (tree.lock / "hostpid").symlink_to(tree.outside)
+    assert inspect_lock_parent(tree.path, ME).state == "ok"  # broker off: not used
+    assert inspect_lock_parent(tree.path, ME, broker=True).reason == "mount-point"
+
+
+def test_inspect_does_not_block_on_a_fifo(tree: Tree) -> None:
+    os.mkfifo(tree.lock)
+    state = inspect_lock_parent(tree.path, ME)
+    assert (state.state, state.reason) == ("unsafe", "not-directory")
+    assert "is a FIFO" in state.message
+
+
+def test_inspect_reports_an_unsafe_parent_and_a_bad_path(tree: Tree) -> None:
+    tree.parent.chmod(0o777)
+    assert inspect_lock_parent(tree.path, ME).reason == "parent"
+    assert inspect_lock_parent("relative", ME).reason == "path"

@@ -127,7 +127,7 @@ async def test_everything_starts_serves_and_drains(
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             handle: AgentHandle = await nursery.start(partial(serve_agent, config, nvml=nvml))
-            assert handle.readiness() == {"broker": True, "monitor": True}
+            assert handle.readiness() == {"broker": True, "monitor": True, "mig-lock-dir": True}
             assert handle.broker is not None
             assert handle.broker.socket_path == socket_path
             assert handle.monitor.ticks >= 1  # ready only after the first tick
@@ -146,7 +146,7 @@ async def test_everything_starts_serves_and_drains(
             assert host == ["hami_host_gpu_utilization_ratio"]
             assert await scrape(handle, "/readyz") == (
                 200,
-                "[+]broker ok\n[+]monitor ok\nreadyz check passed\n",
+                "[+]broker ok\n[+]monitor ok\n[+]mig-lock-dir ok\nreadyz check passed\n",
             )
 
             # Somebody removes the socket file: clients would find nothing, so not ready.
@@ -366,7 +366,7 @@ async def test_mig_lock_pauses_monitor_and_releases_nvml(
         _, text = await scrape(handle)
         assert "hami_trio_monitor_mig_paused 1.0" in text
         assert "hami_host_gpu_utilization_ratio" not in text  # NVML released
-        assert handle.readiness() == {"monitor": True}  # a pause is not a stall
+        assert handle.readiness() == {"monitor": True, "mig-lock-dir": True}  # a pause: no stall
         os.unlink(mig_lock)
         ticks = handle.monitor.ticks
         await wait_for(lambda: not handle.monitor.paused and handle.monitor.ticks > ticks)

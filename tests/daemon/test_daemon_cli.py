@@ -96,7 +96,7 @@ def test_agent_serves_broker_monitor_and_metrics_and_drains_on_sigterm(
             assert http_get(port, "/healthz") == (200, "ok\n")
             assert http_get(port, "/readyz") == (
                 200,
-                "[+]broker ok\n[+]monitor ok\nreadyz check passed\n",
+                "[+]broker ok\n[+]monitor ok\n[+]mig-lock-dir ok\nreadyz check passed\n",
             )
             assert metric(port, "hami_trio_broker_exchanges_total", outcome="ok") == 1
             assert metric(port, "hami_vgpu_memory_limit_bytes", pod="pod-uid-1") == 8 << 30
@@ -221,7 +221,8 @@ async def test_kubernetes_path_with_the_broker(
         await trio.to_thread.run_sync(lambda: wait_until(synced, what="the pod watch"))
         assert await trio.to_thread.run_sync(http_get, port, "/readyz") == (
             200,
-            "[+]broker ok\n[+]pod-watch ok\n[+]monitor ok\nreadyz check passed\n",
+            "[+]broker ok\n[+]pod-watch ok\n[+]monitor ok\n[+]mig-lock-dir ok\n"
+            "readyz check passed\n",
         )
         _, text = await trio.to_thread.run_sync(http_get, port)
         pods = {

@@ -61,6 +61,7 @@ def test_every_setting_reads_its_flag_then_its_variable() -> None:
         "resync_interval": "90s",
         "interval": "250ms",
         "mig_lock_path": "/m/lock",
+        "lock_parent_path": "/l/vgpulock",
         "metrics_bind_address": "127.0.0.1:0",
         "broker_socket_path": "/b/broker.sock",
         "broker_max_exchanges": "64",
@@ -79,6 +80,7 @@ def test_every_setting_reads_its_flag_then_its_variable() -> None:
         assert config.monitor.resync_interval == 90.0
         assert config.monitor.interval == 0.25
         assert config.monitor.mig_lock_path == Path("/m/lock")
+        assert config.lock_parent_path == Path("/l/vgpulock")
         assert config.metrics_bind == BindAddress("127.0.0.1", 0)
         assert config.broker is not None
         assert config.broker.socket_path == Path("/b/broker.sock")

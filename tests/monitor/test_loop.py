@@ -9,7 +9,9 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,7 @@ from hami_trio.monitor.loop import (
     serve_monitor,
 )
 from hami_trio.monitor.podsource import PodInfo, StaticPodSource
+from tests.sandbox import NOBODY, run_in_child, world_readable_dir
 
 # -- configuration (M-1) ---------------------------------------------------------------------
 
@@ -364,3 +367,142 @@ async def test_cancellation_closes_every_handle(autojump_clock: MockClock, hook:
     assert handle is not None
     assert handle.closed
     assert monitor.config.interval == 5.0
+
+
+# -- an unsafe MIG lock directory (made by someone else first) ---------------------------------
+#
+# Before the fix (recorded for the issue): a uid-65534 process that created the directory and
+# the lock before the agent paused the monitor from the start (ticks stayed 0), could resume
+# and pause it again at will, and a symlinked directory was followed the same way.
+
+
+def _squat(directory: str, mode: int) -> int:
+    """As another host user: create the MIG lock directory and the lock, before the agent."""
+    os.mkdir(directory)
+    os.chmod(directory, mode)
+    os.close(os.open(os.path.join(directory, "hami-mig-apply.lock"), os.O_CREAT | os.O_WRONLY))
+    return os.getuid()
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A root-owned sticky 1777 directory every UID can reach: the host's /tmp."""
+    with world_readable_dir("ht-mig-") as base:
+        tmp = base / "tmp"
+        tmp.mkdir()
+        tmp.chmod(0o1777)
+        yield tmp
+
+
+@pytest.mark.root
+async def test_a_lock_dir_made_first_by_another_user_does_not_pause_the_monitor(
+    autojump_clock: MockClock, hook: Path, shared_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = shared_tmp / "hami"
+    assert run_in_child(_squat, str(directory), 0o755, uid=NOBODY).value == NOBODY
+    work = add(hook, "a_c", recent_kernel=2)
+    cfg = MonitorConfig(hook_path=hook, mig_lock_path=directory / "hami-mig-apply.lock")
+    registry = CollectorRegistry()
+    with caplog.at_level(logging.INFO, logger="hami_trio.monitor.loop"):
+        async with trio.open_nursery() as nursery:
+            monitor = await start(nursery, cfg, registry)  # starts: a tenant cannot stop that
+            assert not monitor.paused
+            assert monitor.ticks == 1
+            assert work.read_control()[0] == 1  # feedback written despite the squatter's lock
+            problem = monitor.mig_lock_problem
+            assert problem is not None
+            assert problem.reason == "owner"
+            assert f"MIG lock directory {directory} refused" in problem.message
+            assert f"owned by UID {NOBODY}" in problem.message
+            assert f"rm -rf {directory}" in problem.message
+            await trio.sleep(31)
+            assert monitor.ticks == 7  # t = 0, 5, ..., 30
+            assert not monitor.paused
+            # The operator removes it; the next check recreates it as root's, and a lock
+            # made there (by root: nobody else can now) pauses the monitor again.
+            shutil.rmtree(directory)
+            await trio.sleep(5)  # the tick at t = 35 re-checks it
+            assert monitor.mig_lock_problem is None
+            st = os.lstat(directory)
+            assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o755)
+            cfg.mig_lock_path.touch()
+            await trio.sleep(1.5)  # the watch re-arms on the new directory within a second
+            assert monitor.paused
+            monitor.request_stop()
+    assert registry.get_sample_value("hami_trio_monitor_mig_lock_dir_unsafe") == 0
+    refusals = "hami_trio_monitor_mig_lock_refusals_total"
+    assert registry.get_sample_value(refusals, {"reason": "owner"}) == 1
+    assert registry.get_sample_value(refusals, {"reason": "symlink"}) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert sum("MIG lock directory" in m and "refused" in m for m in warnings) == 1
+    assert any("is safe again" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("kind", ["symlink", "group-writable", "file"])
+async def test_an_unsafe_lock_dir_is_refused_and_never_followed(
+    autojump_clock: MockClock, hook: Path, shared_tmp: Path, kind: str
+) -> None:
+    directory = shared_tmp / "hami"
+    elsewhere = shared_tmp / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    (elsewhere / "hami-mig-apply.lock").touch()
+    if kind == "symlink":
+        directory.symlink_to(elsewhere)
+    elif kind == "group-writable":
+        directory.mkdir()
+        directory.chmod(0o775)
+        (directory / "hami-mig-apply.lock").touch()
+    else:
+        directory.write_text("")
+    before = sorted(os.listdir(elsewhere)), os.lstat(elsewhere).st_mode
+    cfg = MonitorConfig(hook_path=hook, mig_lock_path=directory / "hami-mig-apply.lock")
+    registry = CollectorRegistry()
+    async with trio.open_nursery() as nursery:
+        monitor = await start(nursery, cfg, registry)
+        assert not monitor.paused
+        await trio.sleep(11)
+        assert monitor.ticks == 3  # t = 0, 5, 10
+        problem = monitor.mig_lock_problem
+        assert problem is not None
+        assert problem.reason == {"symlink": "symlink", "group-writable": "mode"}.get(
+            kind, "not-directory"
+        )
+        assert registry.get_sample_value("hami_trio_monitor_mig_lock_dir_unsafe") == 1
+        monitor.request_stop()
+    assert (sorted(os.listdir(elsewhere)), os.lstat(elsewhere).st_mode) == before
+
+
+@pytest.mark.root
+async def test_readiness_says_why_without_making_the_agent_unready(
+    hook: Path, shared_tmp: Path
+) -> None:
+    from hami_trio.cli import build_parser
+    from hami_trio.daemon import AgentHandle, serve_agent
+    from hami_trio.daemon_config import resolve_config
+    from tests.daemon.agent import http_get
+
+    directory = shared_tmp / "hami"
+    run_in_child(_squat, str(directory), 0o755, uid=NOBODY)
+    argv = [
+        "run",
+        f"--hook-path={hook}",
+        f"--mig-lock-path={directory / 'hami-mig-apply.lock'}",
+        f"--lock-parent-path={shared_tmp / 'vgpulock'}",
+        "--metrics-bind-address=127.0.0.1:0",
+        "--interval=0.05",
+        "--no-kubernetes",
+    ]
+    config = resolve_config(build_parser().parse_args(argv), {})
+    async with trio.open_nursery() as nursery:
+        handle: AgentHandle = await nursery.start(serve_agent, config)
+        port = handle.metrics_address.port
+        status, body = await trio.to_thread.run_sync(http_get, port, "/readyz")
+        assert status == 200  # informational: a tenant cannot take the node's metrics away
+        assert f"[-]mig-lock-dir failed: MIG lock directory {directory} refused" in body
+        assert f"owned by UID {NOBODY}" in body
+        assert body.endswith("readyz check passed\n")
+        _, text = await trio.to_thread.run_sync(http_get, port, "/metrics")
+        assert "hami_trio_monitor_mig_lock_dir_unsafe 1.0" in text
+        assert 'hami_trio_monitor_mig_lock_refusals_total{reason="owner"} 1.0' in text
+        assert "hami_trio_monitor_mig_paused 0.0" in text
+        handle.request_stop()

@@ -455,7 +455,10 @@ def test_monitor_command_serves_metrics(hook: Path) -> None:
         } <= names
         assert not any(name.startswith("hami_host_gpu") for name in names)  # no NVML here
         assert _get(port, "/healthz") == (200, "ok\n")
-        assert _get(port, "/readyz") == (200, "[+]monitor ok\nreadyz check passed\n")
+        assert _get(port, "/readyz") == (
+            200,
+            "[+]monitor ok\n[+]mig-lock-dir ok\nreadyz check passed\n",
+        )
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=20)
     finally:
@@ -554,7 +557,9 @@ async def test_monitor_command_with_kubernetes(nursery: trio.Nursery, hook: Path
                     if status == 200 and "trainer-0" in text:
                         break
                     await trio.sleep(0.05)
-            assert body == "[+]pod-watch ok\n[+]monitor ok\nreadyz check passed\n"
+            assert (
+                body == "[+]pod-watch ok\n[+]monitor ok\n[+]mig-lock-dir ok\nreadyz check passed\n"
+            )
             pods = {dict(ls)["pod"] for n, ls, _ in series(text) if n.startswith("hami_vgpu")}
             assert pods == {"trainer-0"}  # the unknown pod UID is not exported
             assert ("hami_trio_pod_watch_synced", frozenset(), 1.0) in series(text)

@@ -1,0 +1,121 @@
+"""The agent's read-only check of the shared lock parent: gauges and a rate-limited warning.
+
+How this works.  The device plugin prepares ``/tmp/vgpulock`` before each allocation and
+refuses an unsafe one (``prepare_lock_parent``); a Go plugin cannot export our refusal counter,
+and a refusal only shows when the next pod fails to start.  So the agent looks at the same
+directory itself, every monitor interval, with :func:`~hami_trio.allocation.lockdir.
+inspect_lock_parent` (``O_PATH`` descriptors and ``fstat`` only: it never creates, chmods or
+follows anything, and a FIFO at the name cannot block it), and exports:
+
+- ``hami_trio_lock_parent_ok``: 1 while the directory is safe or not created yet, 0 while it
+  is unsafe (the next allocation on this node will be refused);
+- ``hami_trio_lock_parent_unsafe{reason}``: 1 for the reason found, 0 for every other reason.
+
+The first time it is unsafe, and again at most every ``warn_interval`` seconds while it stays
+so (or at once when the reason changes), one warning names the path, the reason and the exact
+recovery command; a recovery is logged once at info level.  A missing directory is not an
+error: nothing has prepared it yet.  The agent's readiness does not depend on it - the agent
+itself works either way, and an unready agent would also drop the node's metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+import trio
+from prometheus_client import CollectorRegistry, Gauge
+
+from hami_trio.allocation.lockdir import REFUSAL_REASONS, LockParentState, inspect_lock_parent
+from hami_trio.logs import RateLimiter
+
+__all__ = ["DEFAULT_WARN_INTERVAL", "LockParentWatch", "serve_lock_parent_watch"]
+
+logger = logging.getLogger(__name__)
+
+#: How often a lasting unsafe state is warned about again (seconds).
+DEFAULT_WARN_INTERVAL: Final = 600.0
+
+
+class LockParentWatch:
+    """One lock parent's state, its gauges and its warnings; :meth:`check` looks again.
+
+    Args:
+        path: the lock parent as the agent sees it (``--lock-parent-path``).
+        owner: the trusted UID (root; the agent's own UID in tests).
+        broker: also check the nested mount point ``hostpid`` (the broker is on).
+        registry: where the gauges go.
+        warn_interval: seconds between repeated warnings about the same reason.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        owner: int,
+        broker: bool,
+        registry: CollectorRegistry,
+        warn_interval: float = DEFAULT_WARN_INTERVAL,
+    ) -> None:
+        self.path = path
+        self._owner = owner
+        self._broker = broker
+        self._limiter = RateLimiter(warn_interval, clock=trio.current_time)
+        self._ok = Gauge(
+            "hami_trio_lock_parent_ok",
+            "1 while the shared lock parent (/tmp/vgpulock) is safe or not created yet, 0 "
+            "while it is unsafe and allocations on this node will be refused.",
+            registry=registry,
+        )
+        self._unsafe = Gauge(
+            "hami_trio_lock_parent_unsafe",
+            "1 for the reason the shared lock parent is unsafe, 0 for every other reason.",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in REFUSAL_REASONS:
+            self._unsafe.labels(reason=reason).set(0)
+        self._ok.set(1)
+        self.state = LockParentState("missing")
+        self._was_unsafe = False
+
+    def check(self) -> LockParentState:
+        """Look at the directory once, update the gauges and log; never raises OSError."""
+        state = inspect_lock_parent(self.path, self._owner, broker=self._broker)
+        previous, self.state = self.state, state
+        for reason in REFUSAL_REASONS:
+            self._unsafe.labels(reason=reason).set(1 if reason == state.reason else 0)
+        self._ok.set(0 if state.state == "unsafe" else 1)
+        if state.state == "unsafe":
+            self._was_unsafe = True
+            suppressed = self._limiter.check(state.reason)
+            if suppressed is not None or previous.reason != state.reason:
+                logger.warning(
+                    "shared lock parent unsafe (%s), allocations on this node will be refused: %s",
+                    state.reason,
+                    state.message,
+                    extra={"event": "lock_parent_unsafe", "reason": state.reason},
+                )
+        elif self._was_unsafe:
+            self._was_unsafe = False
+            logger.info(
+                "shared lock parent %s is %s",
+                self.path,
+                "safe again" if state.state == "ok" else "gone (not prepared yet)",
+                extra={"event": "lock_parent_recovered"},
+            )
+        return state
+
+
+async def serve_lock_parent_watch(
+    watch: LockParentWatch,
+    interval: float,
+    *,
+    task_status: trio.TaskStatus[LockParentWatch] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Check once, report started, then check every ``interval`` seconds until cancelled."""
+    watch.check()
+    task_status.started(watch)
+    while True:
+        await trio.sleep(interval)
+        watch.check()
