@@ -17,6 +17,7 @@ import trio
 import trio.testing
 
 from hami_trio.broker.cli import parse_deadline, run_broker
+from hami_trio.broker.paths import default_lock_path
 from hami_trio.broker.protocol import VALID_REQUEST, encode_response
 from hami_trio.broker.server import BrokerConfig
 from hami_trio.cli import build_parser, main
@@ -32,11 +33,16 @@ def start_broker(socket_path: Path, *extra: str) -> subprocess.Popen[str]:
         text=True,
     )
     assert proc.stderr is not None
-    line = proc.stderr.readline()
-    if "broker listening on" not in line:
+    lines = ""
+    for _ in range(10):  # a few start-up lines (e.g. an earlier version's lock removed)
+        line = proc.stderr.readline()
+        lines += line
+        if "broker listening on" in line or not line:
+            break
+    if "broker listening on" not in lines:
         proc.kill()
         _, rest = proc.communicate()
-        raise AssertionError(f"broker did not start: {line}{rest}")
+        raise AssertionError(f"broker did not start: {lines}{rest}")
     return proc
 
 
@@ -62,7 +68,8 @@ def test_runs_in_foreground_and_stops_cleanly_on_signal(socket_path: Path, signu
     assert returncode == 0
     assert "broker stopped (1 exchanges served)" in stderr
     assert not socket_path.exists()
-    assert (socket_path.parent / "broker.lock").exists()  # the lock file stays; it is unlocked
+    assert default_lock_path(socket_path).exists()  # the lock file stays; it is unlocked
+    assert os.listdir(socket_path.parent) == []  # nothing a workload could hold is left
 
 
 def test_startup_refusal_is_one_clear_line(socket_path: Path) -> None:
@@ -95,7 +102,7 @@ def test_second_broker_is_refused_and_first_keeps_running(socket_path: Path) -> 
         )
         assert second.returncode == 1
         assert second.stderr.strip() == (
-            f"hami-trio broker: {socket_path.parent / 'broker.lock'}: lock is held: "
+            f"hami-trio broker: {default_lock_path(socket_path)}: lock is held: "
             "another broker is running"
         )
         assert blocking_exchange(socket_path) == encode_response(os.getpid())
@@ -172,10 +179,62 @@ async def test_first_signal_drains_second_cancels(socket_path: Path) -> None:
 
 
 async def test_run_broker_raises_startup_refusal(socket_path: Path) -> None:
-    socket_path.parent.mkdir(mode=0o711)
-    os.mkfifo(socket_path.parent / "broker.lock", 0o600)
+    lock = default_lock_path(socket_path)
+    lock.parent.mkdir(mode=0o700)
+    os.mkfifo(lock, 0o600)
     with pytest.raises(BrokerStartupError, match="not a regular file"):
         await run_broker(BrokerConfig(socket_path=socket_path))
+
+
+def test_lock_path_flag_is_used_and_checked(socket_path: Path, base_dir: Path) -> None:
+    lock = base_dir / "elsewhere" / "my.lock"
+    proc = start_broker(socket_path, "--lock-path", str(lock))
+    try:
+        assert blocking_exchange(socket_path) == encode_response(os.getpid())
+        assert lock.is_file()
+        assert not default_lock_path(socket_path).parent.exists()
+        # The same lock held: refused, whatever socket path the second one names.
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hami_trio",
+                "broker",
+                "--socket-path",
+                str(base_dir / "other" / "b.sock"),
+                "--lock-path",
+                str(lock),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert second.returncode == 1
+        assert second.stderr.strip() == (
+            f"hami-trio broker: {lock}: lock is held: another broker is running"
+        )
+    finally:
+        proc.terminate()
+        finish(proc)
+    inside = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hami_trio",
+            "broker",
+            "--socket-path",
+            str(socket_path),
+            "--lock-path",
+            str(socket_path.parent / "broker.lock"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert inside.returncode == 1
+    assert "lock directory is the socket's directory, which workloads mount" in inside.stderr
 
 
 # --- a workload holding every file it can reach through its mount (tenant attack) ---------

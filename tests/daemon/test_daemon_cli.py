@@ -22,7 +22,7 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami_trio.broker.paths import LOCK_NAME
+from hami_trio.broker.paths import default_lock_path
 from hami_trio.monitor.builder import RegionSpec, SimulatedWorkload, write_region
 from tests.broker.wire import present
 from tests.clients.clients import CClient
@@ -132,7 +132,7 @@ def test_broker_failure_after_start_exits_1_with_the_broker_error(
         f"hami-trio run: broker failed: {socket_path}: accept failed: Invalid argument\n"
     )
     assert not socket_path.exists()
-    with open(socket_path.parent / LOCK_NAME, "rb") as lock:
+    with open(default_lock_path(socket_path), "rb") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released
     with pytest.raises(OSError, match="Connection refused"):
         http_get(port, "/healthz", timeout=2)
@@ -165,7 +165,8 @@ def test_start_up_refusal_is_one_line_and_leaves_nothing_running(
         "refusing to replace it\n"
     )
     assert socket_path.read_text() == "data"
-    assert sorted(p.name for p in socket_path.parent.iterdir()) == [LOCK_NAME, "broker.sock"]
+    assert sorted(p.name for p in socket_path.parent.iterdir()) == ["broker.sock"]
+    assert default_lock_path(socket_path).is_file()  # beside the socket's directory
     assert not mig_lock.parent.exists()  # the monitor never started
 
 
