@@ -23,6 +23,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from hami_trio.broker.paths import default_lock_path
+from hami_trio.daemon import mig_dir_detached
 from hami_trio.monitor.builder import RegionSpec, SimulatedWorkload, write_region
 from tests.broker.wire import present
 from tests.clients.clients import CClient
@@ -238,3 +239,38 @@ async def test_kubernetes_path_with_the_broker(
         assert any(r.field_selector == "spec.nodeName=node-a" for r in fake.requests)
         assert await trio.to_thread.run_sync(agent.stop) == 0
     assert not present(socket_path)
+
+
+# --- the MIG lock directory as a hostPath mount whose source is deleted on the host ---------
+
+
+@pytest.mark.root
+def test_mig_dir_deleted_on_the_host_under_its_mount_makes_the_agent_exit(
+    hook: Path, base_dir: Path
+) -> None:
+    # The chart mounts the host's /tmp/hami (not all of /tmp): if that directory is removed on
+    # the host (tmpfiles ageing, an operator), the mount keeps the dead directory and a MIG
+    # lock in the host's new /tmp/hami would never be seen.  The agent must not go on blind.
+    host_dir = base_dir / "host-hami"
+    host_dir.mkdir()
+    mounted = base_dir / "mig"
+    mounted.mkdir()
+    mount_then_exec = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    prefix = ["unshare", "--mount", "--propagation", "private", "--"]
+    prefix += ["sh", "-c", mount_then_exec, "sh", str(host_dir), str(mounted)]
+    flags = [*common_flags(hook, mounted / "hami-mig-apply.lock"), "--no-kubernetes"]
+    with AgentProcess(flags, prefix=prefix) as agent:
+        agent.wait_ready()
+        time.sleep(0.2)  # a few intervals of a healthy mount: no false alarm
+        assert agent.proc.poll() is None
+        host_dir.rmdir()  # on the host; the agent's mount namespace keeps the dead directory
+        assert agent.finish() == 1
+    assert f"MIG lock directory {mounted} was deleted on the host while mounted" in (agent.output())
+    assert list(mounted.iterdir()) == []  # the host's view of the mount point: untouched
+
+
+def test_mig_dir_detached_only_for_a_deleted_directory(base_dir: Path) -> None:
+    assert not mig_dir_detached(base_dir)  # a live directory
+    assert not mig_dir_detached(base_dir / "missing")  # missing: the monitor reports it
+    (base_dir / "file").write_text("x")
+    assert not mig_dir_detached(base_dir / "file")
