@@ -255,14 +255,22 @@ def test_mig_dir_deleted_on_the_host_under_its_mount_makes_the_agent_exit(
     host_dir.mkdir()
     mounted = base_dir / "mig"
     mounted.mkdir()
-    mount_then_exec = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    # Read-only, like the chart's mount: the agent only looks at the directory.
+    mount_then_exec = (
+        'mount --bind "$1" "$2" && mount -o remount,bind,ro "$2" && shift 2 && exec "$@"'
+    )
     prefix = ["unshare", "--mount", "--propagation", "private", "--"]
     prefix += ["sh", "-c", mount_then_exec, "sh", str(host_dir), str(mounted)]
     flags = [*common_flags(hook, mounted / "hami-mig-apply.lock"), "--no-kubernetes"]
     with AgentProcess(flags, prefix=prefix) as agent:
-        agent.wait_ready()
-        time.sleep(0.2)  # a few intervals of a healthy mount: no false alarm
-        assert agent.proc.poll() is None
+        port = agent.wait_ready()
+        # Through the read-only mount the monitor still sees the device plugin's lock come
+        # and go on the host (inotify and lstat need no write access).
+        (host_dir / "hami-mig-apply.lock").touch()
+        wait_until(lambda: metric(port, "hami_trio_monitor_mig_paused") == 1, what="pause")
+        (host_dir / "hami-mig-apply.lock").unlink()
+        wait_until(lambda: metric(port, "hami_trio_monitor_mig_paused") == 0, what="resume")
+        assert agent.proc.poll() is None  # a healthy mount: no false alarm
         host_dir.rmdir()  # on the host; the agent's mount namespace keeps the dead directory
         assert agent.finish() == 1
     assert f"MIG lock directory {mounted} was deleted on the host while mounted" in (agent.output())
