@@ -298,6 +298,7 @@ def test_workload_holding_every_file_it_can_reach_cannot_stop_the_next_broker(
         holder = Holder(socket_path.parent)
         assert holder.report["cap_eff"] == "0000000000000000"  # no capability at all
         assert "." in holder.report["held"]  # the directory itself: flock needs no write
+        assert holder.report["refused"]["broker.sock"].startswith("open:")  # a socket
         waiting = set(holder.report["waiting"])
         first.send_signal(signal.SIGTERM)
         assert finish(first)[0] == 0
