@@ -12,7 +12,9 @@ How this works.  :func:`serve_agent` opens one nursery and starts every task in 
 4. ``lock-parent`` - the read-only check of the workloads' shared lock parent
    (``/tmp/vgpulock``, ``hami_trio_lock_parent_ok``): ready after its first check;
 5. ``metrics`` - ``/metrics``, ``/healthz`` and ``/readyz``: ready once it listens;
-6. ``nvml`` - releases NVML while the MIG lock exists and allows it again afterwards.
+6. ``nvml`` - releases NVML while the MIG lock exists and allows it again afterwards;
+7. ``mig-mount`` - once per monitor interval, checks that the MIG lock's directory is not a
+   mount of a directory that was deleted on the host (see :func:`mig_dir_detached`).
 
 Then it reports an :class:`AgentHandle` through ``task_status.started()``.  All of them write
 into one Prometheus registry, and ``/readyz`` runs real checks: the broker's socket file is
@@ -65,12 +67,12 @@ if TYPE_CHECKING:
     from hami_trio.monitor.hostgpu import NvmlLibrary
     from hami_trio.monitor.http import ReadinessCheck
 
-__all__ = ["TASKS", "AgentHandle", "run_agent", "serve_agent"]
+__all__ = ["TASKS", "AgentHandle", "mig_dir_detached", "run_agent", "serve_agent"]
 
 logger = logging.getLogger("hami_trio.daemon")
 
 #: The agent's tasks in start order (``broker`` and ``pod-watch`` only when configured).
-TASKS: Final = ("broker", "pod-watch", "monitor", "lock-parent", "metrics", "nvml")
+TASKS: Final = ("broker", "pod-watch", "monitor", "lock-parent", "metrics", "nvml", "mig-mount")
 
 
 class _Starter(Protocol):
@@ -215,6 +217,45 @@ class _MigLockDirCheck:
         return "" if problem is None else problem.message
 
 
+def mig_dir_detached(directory: os.PathLike[str] | str) -> bool:
+    """Whether ``directory`` resolves to a directory that was deleted (link count 0).
+
+    On an ordinary filesystem a path never resolves to a deleted directory; it does when the
+    path is a bind mount (the chart's hostPath of ``/tmp/hami``) whose source was removed on
+    the host: the mount keeps the dead directory, and a MIG lock created in the host's new
+    ``/tmp/hami`` would never be seen.  Missing or unreadable: False (the monitor reports it).
+    """
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_nlink == 0
+
+
+async def _watch_mig_mount(
+    directory: os.PathLike[str] | str,
+    interval: float,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Fail the agent once the MIG lock's directory mount went stale (only a remount helps).
+
+    Raises:
+        AgentError: the directory was deleted on the host; the restart (exit status 1)
+            lets the kubelet mount the host's current directory again (DirectoryOrCreate).
+    """
+    task_status.started()
+    while True:
+        await trio.sleep(interval)
+        if mig_dir_detached(directory):
+            raise AgentError(
+                "mig-mount",
+                f"MIG lock directory {directory} was deleted on the host while mounted: this "
+                "mount can no longer see MIG locks; exiting so that it is mounted again",
+                started=True,
+            )
+
+
 class _Agent:
     """The state :func:`serve_agent` shares between its tasks and the handle."""
 
@@ -338,6 +379,11 @@ class _Agent:
         )
         await nursery.start(
             self.supervise, "nvml", partial(serve_nvml_release, sampler, lambda: monitor.paused)
+        )
+        await nursery.start(
+            self.supervise,
+            "mig-mount",
+            partial(_watch_mig_mount, monitor_config.mig_lock_path.parent, monitor_config.interval),
         )
 
         broker_text = str(self.broker.socket_path) if self.broker is not None else "off"

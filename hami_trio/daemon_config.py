@@ -32,7 +32,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from hami_trio.allocation.paths import LOCK_PARENT
-from hami_trio.broker.paths import DEFAULT_SOCKET_PATH
+from hami_trio.broker.paths import DEFAULT_LOCK_PATH, DEFAULT_SOCKET_PATH
 from hami_trio.broker.server import DEFAULT_EXCHANGE_DEADLINE, DEFAULT_MAX_EXCHANGES, BrokerConfig
 from hami_trio.config import (
     BROKER_SWITCH_ENV,
@@ -185,6 +185,16 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         broker=True,
     ),
     Setting(
+        "broker_lock_path",
+        "--broker-lock-path",
+        "HAMI_TRIO_BROKER_LOCK_PATH",
+        "lock file that keeps a second broker from starting; never in, below or above the "
+        "socket's directory, which workloads mount (default: beside it, "
+        f"<socket dir>-lock/broker.lock, i.e. {DEFAULT_LOCK_PATH})",
+        "PATH",
+        broker=True,
+    ),
+    Setting(
         "broker_max_exchanges",
         "--broker-max-exchanges",
         "HAMI_TRIO_BROKER_MAX_EXCHANGES",
@@ -284,6 +294,7 @@ class AgentConfig:
         if self.broker is not None:
             broker |= {
                 "socket_path": str(self.broker.socket_path),
+                "lock_path": str(self.broker.resolved_lock_path),
                 "max_exchanges": self.broker.max_exchanges,
                 "exchange_deadline_seconds": self.broker.exchange_deadline,
             }
@@ -399,6 +410,7 @@ def _broker(reader: _Reader, env: Mapping[str, str], warnings: list[str]) -> Bro
     switch = env.get(BROKER_SWITCH_ENV)
     reader.sources["broker"] = BROKER_SWITCH_ENV if switch else "default"
     socket_text, socket_origin = reader.text("broker_socket_path")
+    lock_text, lock_origin = reader.text("broker_lock_path")
     max_text, max_origin = reader.text("broker_max_exchanges")
     deadline_text, deadline_origin = reader.text("broker_exchange_deadline")
     # Parsed even when the broker is off, so a typo does not wait for the day it is enabled.
@@ -418,8 +430,11 @@ def _broker(reader: _Reader, env: Mapping[str, str], warnings: list[str]) -> Bro
         return None
     if socket_text == "":
         raise ConfigError(f"{socket_origin}: empty path")
+    if lock_text == "":
+        raise ConfigError(f"{lock_origin}: empty path")
     return BrokerConfig(
         socket_path=DEFAULT_SOCKET_PATH if socket_text is None else Path(socket_text),
+        lock_path=None if lock_text is None else Path(lock_text),
         max_exchanges=max_exchanges,
         exchange_deadline=deadline,
     )

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import trio
 
-from hami_trio.broker.paths import DEFAULT_SOCKET_PATH
+from hami_trio.broker.paths import DEFAULT_SOCKET_PATH, LOCK_DIR_SUFFIX, LOCK_NAME
 from hami_trio.broker.server import (
     DEFAULT_EXCHANGE_DEADLINE,
     DEFAULT_MAX_EXCHANGES,
@@ -60,6 +60,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"Unix socket to listen on (default {DEFAULT_SOCKET_PATH})",
     )
     parser.add_argument(
+        "--lock-path",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="lock file that keeps a second broker from starting; it must not be in, below or "
+        f"above the socket's directory (default <socket dir>{LOCK_DIR_SUFFIX}/{LOCK_NAME}, "
+        "beside it)",
+    )
+    parser.add_argument(
         "--max-exchanges",
         default=str(DEFAULT_MAX_EXCHANGES),
         metavar="N",
@@ -87,6 +96,7 @@ def _cmd_broker(args: argparse.Namespace) -> int:
         ) from None
     config = BrokerConfig(
         socket_path=args.socket_path,
+        lock_path=args.lock_path,
         max_exchanges=max_exchanges,
         exchange_deadline=parse_deadline(args.exchange_deadline),
     )

@@ -1,24 +1,37 @@
-"""The broker's filesystem boundary: directory, lock file and socket path (SPEC B-11..B-16).
+"""The broker's filesystem boundary: lock directory and file, socket directory, socket path.
 
-How this works: :func:`open_broker_socket` walks the three objects in a fixed order and
-refuses, with :class:`~hami_trio.errors.BrokerStartupError` naming the path and the reason,
-anything it did not create or cannot trust:
+How this works: :func:`open_broker_socket` walks the objects in a fixed order and refuses,
+with :class:`~hami_trio.errors.BrokerStartupError` naming the path and the reason, anything
+it did not create or cannot trust:
 
 1. **Owner.** The default path ``/var/run/hami/hostpid/broker.sock`` requires euid 0 and
    expects root to own everything; a custom path (tests, development) expects the current
    euid (B-11).  Root may name another expected UID; it then hands what it creates to it.
-2. **Directory** (the socket's parent): created with mode 0711 if missing; refused if it is a
-   symlink, not a directory or owned by another UID; its mode is set to 0711 (B-12).  Once it
-   is ours with 0711, only its owner (and root) can add, rename or remove entries in it, so
-   everything below is decided relative to an open descriptor of this directory.
-3. **Lock** ``broker.lock``: opened with ``O_NOFOLLOW`` (a symlink is refused), created 0600,
+2. **Where the lock may live.** The socket's directory is bind-mounted (read-only) into
+   every workload, and a read-only mount does not stop ``flock``: a lock file there could be
+   taken by any workload process that is its owner - uid 0 with no capability at all - and
+   every later broker start would fail.  So the lock lives in its own directory *beside*
+   the socket's directory, never in it: by default ``<socket dir>-lock/broker.lock``
+   (``/var/run/hami/hostpid-lock/broker.lock``), which no workload mounts.  A lock path whose
+   directory is the socket's directory, lies below it or above it is refused.
+3. **Lock directory**: created with mode 0700 if missing; refused if it is a symlink, not a
+   directory or owned by another UID; its mode is set to 0700.  Only its owner can add,
+   rename or remove entries there, so the lock file is decided relative to its descriptor.
+4. **Lock** ``broker.lock``: opened with ``O_NOFOLLOW`` (a symlink is refused), created 0600,
    must be a regular file of the expected owner without group/other bits, and is held with
    ``flock(LOCK_EX | LOCK_NB)`` until :meth:`BrokerSocket.close`, so a second broker fails here
    instead of replacing the first one's socket (B-13).
-4. **Socket path**: nothing there is fine; a non-socket or a socket of another owner is
+5. **Socket directory** (the socket's parent): created with mode 0711 if missing; refused if
+   it is a symlink, not a directory, owned by another UID or the lock directory itself under
+   another name; its mode is set to 0711 (B-12).  Everything below is decided relative to an
+   open descriptor of this directory.
+6. **Socket path**: nothing there is fine; a non-socket or a socket of another owner is
    refused; a socket of the expected owner is probed with a 50 ms connect: live (another
-   server still answers) is refused, stale is removed (B-14).
-5. **Bind**: a non-blocking listening socket, chmod 0666 so every workload UID can connect
+   server still answers) is refused, stale is removed (B-14).  Then a ``broker.lock`` that an
+   earlier version left in the socket directory is removed if it is a regular file of the
+   expected owner (anything else there is left alone; this version never opens it, so no
+   file in the socket directory can stop a broker from starting).
+7. **Bind**: a non-blocking listening socket, chmod 0666 so every workload UID can connect
    (B-15; the 0711 directory and the read-only mount are the access boundary), its
    ``(st_dev, st_ino)`` recorded.  On close the path is unlinked only if it still names that
    socket, so a replacement renamed into place by an operator survives (B-16).
@@ -32,6 +45,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import socket
 import stat
@@ -42,23 +56,39 @@ from hami_trio._fs import file_kind
 from hami_trio.errors import BrokerStartupError
 
 __all__ = [
+    "DEFAULT_LOCK_PATH",
     "DEFAULT_SOCKET_PATH",
     "DIR_MODE",
+    "LEGACY_LOCK_NAME",
+    "LOCK_DIR_MODE",
+    "LOCK_DIR_SUFFIX",
     "LOCK_MODE",
     "LOCK_NAME",
     "PROBE_TIMEOUT",
     "SOCKET_MODE",
     "BrokerSocket",
+    "default_lock_path",
     "expected_owner",
     "open_broker_socket",
 ]
 
+logger = logging.getLogger(__name__)
+
 #: Where the broker listens unless told otherwise (the chart mounts its directory).
 DEFAULT_SOCKET_PATH: Final = Path("/var/run/hami/hostpid/broker.sock")
-#: Name of the lock file, next to the socket.
+#: Name of the lock file in its own directory.
 LOCK_NAME: Final = "broker.lock"
+#: The lock directory's name is the socket directory's name with this suffix, beside it.
+LOCK_DIR_SUFFIX: Final = "-lock"
+#: Where the default broker keeps its lock: beside the socket's directory, which workloads
+#: mount, never in it (the chart mounts this directory into the agent only).
+DEFAULT_LOCK_PATH: Final = Path("/var/run/hami/hostpid-lock/broker.lock")
+#: The lock file earlier versions kept in the socket's directory (removed when found).
+LEGACY_LOCK_NAME: Final = "broker.lock"
 #: Mode of the socket's directory: the owner writes, everyone may only traverse.
 DIR_MODE: Final = 0o711
+#: Mode of the lock's directory: nobody but its owner may even look inside.
+LOCK_DIR_MODE: Final = 0o700
 #: Mode of the socket: every workload UID may connect.
 SOCKET_MODE: Final = 0o666
 #: Mode of the lock file.
@@ -78,6 +108,34 @@ def _is_default(path: Path) -> bool:
     if path == DEFAULT_SOCKET_PATH:
         return True
     return os.path.realpath(path) == os.path.realpath(DEFAULT_SOCKET_PATH)
+
+
+def default_lock_path(socket_path: Path | str) -> Path:
+    """The lock file for a socket: ``<socket dir>-lock/broker.lock``, beside the socket's dir.
+
+    ``/var/run/hami/hostpid/broker.sock`` gives :data:`DEFAULT_LOCK_PATH`.
+    """
+    directory = Path(os.path.abspath(socket_path)).parent
+    return directory.with_name(directory.name + LOCK_DIR_SUFFIX) / LOCK_NAME
+
+
+def _check_apart(socket_dir: Path, lock_dir: Path) -> None:
+    """Refuse a lock directory that is, contains or lies inside the socket's directory."""
+    real_socket, real_lock = Path(os.path.realpath(socket_dir)), Path(os.path.realpath(lock_dir))
+    for sock_form, lock_form in ((socket_dir, lock_dir), (real_socket, real_lock)):
+        if lock_form == sock_form:
+            reason = "is the socket's directory"
+        elif lock_form.is_relative_to(sock_form):
+            reason = f"lies inside the socket's directory {sock_form}"
+        elif sock_form.is_relative_to(lock_form):
+            reason = f"contains the socket's directory {sock_form}"
+        else:
+            continue
+        raise _refuse(
+            lock_dir,
+            f"lock directory {reason}, which workloads mount: any of them could hold the "
+            "lock; put the lock beside the socket's directory",
+        )
 
 
 def expected_owner(socket_path: Path, *, euid: int, expected_uid: int | None = None) -> int:
@@ -129,8 +187,11 @@ class BrokerSocket:
         owner: int,
         dir_fd: int,
         lock_fd: int,
+        lock_path: Path | None = None,
     ) -> None:
         self.path: Final = path
+        #: The lock file this broker holds (beside the socket's directory).
+        self.lock_path: Final = lock_path if lock_path is not None else default_lock_path(path)
         self.listener: Final = listener
         #: ``(st_dev, st_ino)`` of the socket file right after bind.
         self.identity: Final = identity
@@ -194,12 +255,15 @@ def _ensure_ancestors(directory: Path) -> None:
         os.chmod(ancestor, _ANCESTOR_MODE)
 
 
-def _open_directory(directory: Path, owner: int, euid: int) -> int:
-    """Create or check the socket's directory (B-12); return an ``O_DIRECTORY`` descriptor."""
+def _open_directory(directory: Path, owner: int, euid: int, mode: int = DIR_MODE) -> int:
+    """Create or check the socket's (or lock's) directory (B-12); return a descriptor.
+
+    The directory gets ``mode`` (0711 for the socket's, 0700 for the lock's).
+    """
     _ensure_ancestors(directory)
     created = False
     try:
-        os.mkdir(directory, DIR_MODE)
+        os.mkdir(directory, mode)
         created = True
     except FileExistsError:
         pass
@@ -228,26 +292,26 @@ def _open_directory(directory: Path, owner: int, euid: int) -> int:
             st = os.fstat(fd)
         if st.st_uid != owner:
             raise _refuse(directory, f"directory is owned by uid {st.st_uid}, expected {owner}")
-        if stat.S_IMODE(st.st_mode) != DIR_MODE:
-            os.fchmod(fd, DIR_MODE)
+        if stat.S_IMODE(st.st_mode) != mode:
+            os.fchmod(fd, mode)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def _acquire_lock(dir_fd: int, directory: Path, owner: int, euid: int) -> int:
-    """Open, check and ``flock`` the lock file (B-13); return its descriptor."""
-    path = directory / LOCK_NAME
+def _acquire_lock(dir_fd: int, path: Path, owner: int, euid: int) -> int:
+    """Open, check and ``flock`` the lock file ``path`` in ``dir_fd`` (B-13); return its fd."""
+    name = path.name
     # O_NONBLOCK: never hang on a FIFO planted at the lock path; it is refused below anyway.
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     created = False
     try:
         try:
-            fd = os.open(LOCK_NAME, flags | os.O_CREAT | os.O_EXCL, LOCK_MODE, dir_fd=dir_fd)
+            fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, LOCK_MODE, dir_fd=dir_fd)
             created = True
         except FileExistsError:
-            fd = os.open(LOCK_NAME, flags, dir_fd=dir_fd)
+            fd = os.open(name, flags, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise _refuse(path, "lock file is a symlink") from exc
@@ -328,6 +392,44 @@ def _clear_socket_path(dir_fd: int, path: Path, owner: int) -> None:
         raise _refuse(path, f"cannot remove stale socket: {exc.strerror}") from exc
 
 
+def _remove_legacy_lock(dir_fd: int, directory: Path, owner: int, lock_path: Path) -> None:
+    """Remove the ``broker.lock`` an earlier version left in the socket's directory.
+
+    Only a regular file of the expected owner is removed: anything else there is not ours
+    and is left alone.  Either way it no longer matters - this version never opens it.  The
+    directory is the owner's (0711), so nobody else can swap the name between the check and
+    the unlink.  A failure is logged, never fatal.
+    """
+    legacy = directory / LEGACY_LOCK_NAME
+    try:
+        st = os.lstat(LEGACY_LOCK_NAME, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        logger.warning("cannot check %s (ignored): %s", legacy, exc.strerror)
+        return
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != owner:
+        logger.warning(
+            "%s is a %s of uid %d, not an earlier version's lock: left alone (it is not used)",
+            legacy,
+            file_kind(st.st_mode),
+            st.st_uid,
+        )
+        return
+    try:
+        os.unlink(LEGACY_LOCK_NAME, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        logger.warning("cannot remove the earlier version's lock %s: %s", legacy, exc.strerror)
+        return
+    logger.info(
+        "removed %s, an earlier version's lock that workloads could reach; the lock is %s",
+        legacy,
+        lock_path,
+    )
+
+
 def _bind(
     dir_fd: int, path: Path, owner: int, euid: int, backlog: int
 ) -> tuple[socket.socket, tuple[int, int]]:
@@ -377,13 +479,17 @@ def _unlink_if_identity(dir_fd: int, name: str, identity: tuple[int, int]) -> bo
 def open_broker_socket(
     socket_path: Path | str,
     *,
+    lock_path: Path | str | None = None,
     expected_uid: int | None = None,
     backlog: int = socket.SOMAXCONN,
 ) -> BrokerSocket:
-    """Set up the directory, lock and listening socket, refusing anything unsafe.
+    """Set up the lock, the directory and the listening socket, refusing anything unsafe.
 
     Args:
         socket_path: where to listen; made absolute.
+        lock_path: the lock file, or ``None`` for :func:`default_lock_path` (beside the
+            socket's directory); its directory must be neither the socket's directory nor
+            inside or above it.
         expected_uid: owner to require, or ``None`` for the B-11 rule.
         backlog: ``listen()`` backlog (the kernel caps it at ``net.core.somaxconn``).
 
@@ -391,23 +497,39 @@ def open_broker_socket(
         The listening socket and the lock; call :meth:`BrokerSocket.close` when done.
 
     Raises:
-        BrokerStartupError: any refusal of B-11..B-14, naming the path and the reason.
-            Nothing the broker did not create is changed or removed, except a stale socket
-            of the expected owner and the mode of a directory that owner already owns.
+        BrokerStartupError: any refusal of B-11..B-14 or of the lock's place, naming the
+            path and the reason.  Nothing the broker did not create is changed or removed,
+            except a stale socket of the expected owner, an earlier version's lock file of
+            that owner in the socket's directory and the mode of a directory that owner
+            already owns.
     """
     path = Path(os.path.abspath(socket_path))
+    lock = Path(os.path.abspath(lock_path if lock_path is not None else default_lock_path(path)))
     euid = os.geteuid()
     owner = expected_owner(path, euid=euid, expected_uid=expected_uid)
-    dir_fd = _open_directory(path.parent, owner, euid)
+    _check_apart(path.parent, lock.parent)
+    lock_dir_fd = _open_directory(lock.parent, owner, euid, LOCK_DIR_MODE)
     try:
-        lock_fd = _acquire_lock(dir_fd, path.parent, owner, euid)
+        lock_fd = _acquire_lock(lock_dir_fd, lock, owner, euid)
         try:
-            _clear_socket_path(dir_fd, path, owner)
-            listener, identity = _bind(dir_fd, path, owner, euid, backlog)
+            dir_fd = _open_directory(path.parent, owner, euid)
+            try:
+                lock_dir_st, dir_st = os.fstat(lock_dir_fd), os.fstat(dir_fd)
+                if (lock_dir_st.st_dev, lock_dir_st.st_ino) == (dir_st.st_dev, dir_st.st_ino):
+                    raise _refuse(
+                        lock.parent,
+                        "lock directory is the socket's directory under another name, which "
+                        "workloads mount: any of them could hold the lock",
+                    )
+                _clear_socket_path(dir_fd, path, owner)
+                _remove_legacy_lock(dir_fd, path.parent, owner, lock)
+                listener, identity = _bind(dir_fd, path, owner, euid, backlog)
+            except BaseException:
+                os.close(dir_fd)
+                raise
         except BaseException:
             os.close(lock_fd)
             raise
-    except BaseException:
-        os.close(dir_fd)
-        raise
-    return BrokerSocket(path, listener, identity, owner, dir_fd, lock_fd)
+    finally:
+        os.close(lock_dir_fd)
+    return BrokerSocket(path, listener, identity, owner, dir_fd, lock_fd, lock)

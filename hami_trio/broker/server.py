@@ -54,7 +54,12 @@ from typing import Final
 import trio
 from prometheus_client import CollectorRegistry
 
-from hami_trio.broker.paths import DEFAULT_SOCKET_PATH, BrokerSocket, open_broker_socket
+from hami_trio.broker.paths import (
+    DEFAULT_SOCKET_PATH,
+    BrokerSocket,
+    default_lock_path,
+    open_broker_socket,
+)
 from hami_trio.broker.protocol import (
     INVALID_RESPONSE,
     REQUEST_SIZE,
@@ -118,6 +123,9 @@ class BrokerConfig:
     Attributes:
         socket_path: where to listen (default ``/var/run/hami/hostpid/broker.sock``, which
             requires euid 0).
+        lock_path: the lock file that keeps a second broker from starting; ``None`` for the
+            socket's: ``<socket dir>-lock/broker.lock``, beside the socket's directory (which
+            workloads mount) and never in it.
         max_exchanges: slow exchanges (waiting for their request) allowed at once; a
             connection that needs a slot while all are taken is closed at once.
         exchange_deadline: seconds one exchange may take from accept to answer.
@@ -132,9 +140,12 @@ class BrokerConfig:
     max_exchanges: int = DEFAULT_MAX_EXCHANGES
     exchange_deadline: float = DEFAULT_EXCHANGE_DEADLINE
     expected_uid: int | None = None
+    lock_path: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "socket_path", Path(self.socket_path))
+        if self.lock_path is not None:
+            object.__setattr__(self, "lock_path", Path(self.lock_path))
         if isinstance(self.max_exchanges, bool) or not isinstance(self.max_exchanges, int):
             raise ConfigError(f"max_exchanges must be an integer, got {self.max_exchanges!r}")
         if self.max_exchanges < 1:
@@ -146,6 +157,11 @@ class BrokerConfig:
             )
         if self.expected_uid is not None and self.expected_uid < 0:
             raise ConfigError(f"expected_uid must be >= 0, got {self.expected_uid}")
+
+    @property
+    def resolved_lock_path(self) -> Path:
+        """The lock file this broker takes: :attr:`lock_path` or the socket's default."""
+        return self.lock_path if self.lock_path is not None else default_lock_path(self.socket_path)
 
 
 def accept_backoff(previous: float) -> float:
@@ -491,7 +507,10 @@ async def serve_broker(
     """
     _ensure_fd_budget(config.max_exchanges)
     bound = open_broker_socket(
-        config.socket_path, expected_uid=config.expected_uid, backlog=LISTEN_BACKLOG
+        config.socket_path,
+        lock_path=config.lock_path,
+        expected_uid=config.expected_uid,
+        backlog=LISTEN_BACKLOG,
     )
     stats = BrokerStats()
     server = _Server(config, bound, stats)
@@ -504,8 +523,9 @@ async def serve_broker(
             async with trio.open_nursery() as nursery:
                 server.nursery = nursery
                 logger.info(
-                    "broker listening on %s (max_exchanges=%d, exchange_deadline=%gs)",
+                    "broker listening on %s (lock %s, max_exchanges=%d, exchange_deadline=%gs)",
                     bound.path,
+                    bound.lock_path,
                     config.max_exchanges,
                     config.exchange_deadline,
                 )

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
 from hami_trio.broker.cli import parse_deadline, run_broker
+from hami_trio.broker.paths import default_lock_path
 from hami_trio.broker.protocol import VALID_REQUEST, encode_response
 from hami_trio.broker.server import BrokerConfig
 from hami_trio.cli import build_parser, main
@@ -29,11 +33,16 @@ def start_broker(socket_path: Path, *extra: str) -> subprocess.Popen[str]:
         text=True,
     )
     assert proc.stderr is not None
-    line = proc.stderr.readline()
-    if "broker listening on" not in line:
+    lines = ""
+    for _ in range(10):  # a few start-up lines (e.g. an earlier version's lock removed)
+        line = proc.stderr.readline()
+        lines += line
+        if "broker listening on" in line or not line:
+            break
+    if "broker listening on" not in lines:
         proc.kill()
-        proc.wait()
-        raise AssertionError(f"broker did not start: {line}{proc.stderr.read()}")
+        _, rest = proc.communicate()
+        raise AssertionError(f"broker did not start: {lines}{rest}")
     return proc
 
 
@@ -59,7 +68,8 @@ def test_runs_in_foreground_and_stops_cleanly_on_signal(socket_path: Path, signu
     assert returncode == 0
     assert "broker stopped (1 exchanges served)" in stderr
     assert not socket_path.exists()
-    assert (socket_path.parent / "broker.lock").exists()  # the lock file stays; it is unlocked
+    assert default_lock_path(socket_path).exists()  # the lock file stays; it is unlocked
+    assert os.listdir(socket_path.parent) == []  # nothing a workload could hold is left
 
 
 def test_startup_refusal_is_one_clear_line(socket_path: Path) -> None:
@@ -92,7 +102,7 @@ def test_second_broker_is_refused_and_first_keeps_running(socket_path: Path) -> 
         )
         assert second.returncode == 1
         assert second.stderr.strip() == (
-            f"hami-trio broker: {socket_path.parent / 'broker.lock'}: lock is held: "
+            f"hami-trio broker: {default_lock_path(socket_path)}: lock is held: "
             "another broker is running"
         )
         assert blocking_exchange(socket_path) == encode_response(os.getpid())
@@ -169,7 +179,140 @@ async def test_first_signal_drains_second_cancels(socket_path: Path) -> None:
 
 
 async def test_run_broker_raises_startup_refusal(socket_path: Path) -> None:
-    socket_path.parent.mkdir(mode=0o711)
-    os.mkfifo(socket_path.parent / "broker.lock", 0o600)
+    lock = default_lock_path(socket_path)
+    lock.parent.mkdir(mode=0o700)
+    os.mkfifo(lock, 0o600)
     with pytest.raises(BrokerStartupError, match="not a regular file"):
         await run_broker(BrokerConfig(socket_path=socket_path))
+
+
+def test_lock_path_flag_is_used_and_checked(socket_path: Path, base_dir: Path) -> None:
+    lock = base_dir / "elsewhere" / "my.lock"
+    proc = start_broker(socket_path, "--lock-path", str(lock))
+    try:
+        assert blocking_exchange(socket_path) == encode_response(os.getpid())
+        assert lock.is_file()
+        assert not default_lock_path(socket_path).parent.exists()
+        # The same lock held: refused, whatever socket path the second one names.
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hami_trio",
+                "broker",
+                "--socket-path",
+                str(base_dir / "other" / "b.sock"),
+                "--lock-path",
+                str(lock),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert second.returncode == 1
+        assert second.stderr.strip() == (
+            f"hami-trio broker: {lock}: lock is held: another broker is running"
+        )
+    finally:
+        proc.terminate()
+        finish(proc)
+    inside = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hami_trio",
+            "broker",
+            "--socket-path",
+            str(socket_path),
+            "--lock-path",
+            str(socket_path.parent / "broker.lock"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert inside.returncode == 1
+    assert "lock directory is the socket's directory, which workloads mount" in inside.stderr
+
+
+# --- a workload holding every file it can reach through its mount (tenant attack) ---------
+
+LOCK_HOLDER = Path(__file__).with_name("lock_holder.py")
+
+
+class Holder:
+    """lock_holder.py running on a broker directory (see that module); its JSON lines."""
+
+    def __init__(self, broker_dir: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(LOCK_HOLDER), "setup", str(broker_dir)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        self._buffer = b""
+        self.report = self.next_line(10.0)
+
+    def next_line(self, timeout: float) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+                raise TimeoutError("lock holder said nothing in time")
+            chunk = os.read(self.proc.stdout.fileno(), 4096)
+            if not chunk:
+                raise AssertionError(f"lock holder exited: {self.stop()}")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return dict(json.loads(line))
+
+    def stop(self) -> str:
+        """Close its stdin (it releases everything and exits); return its stderr."""
+        try:
+            _, err = self.proc.communicate(timeout=10)
+        finally:
+            self.proc.kill()
+            self.proc.wait()
+        return err.decode(errors="replace")
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("legacy_lock", [False, True], ids=["fresh", "old-broker.lock-left"])
+def test_workload_holding_every_file_it_can_reach_cannot_stop_the_next_broker(
+    socket_path: Path, legacy_lock: bool
+) -> None:
+    # The attack: a uid-0 workload process with no capabilities, in the workload's view (the
+    # broker directory bind-mounted read-only at /tmp/vgpulock/hostpid), opens and flocks
+    # everything it can reach, waits for the broker to exit (rolling update, crash) and
+    # keeps holding; the next broker must start and serve all the same.
+    first = start_broker(socket_path)
+    holder: Holder | None = None
+    try:
+        assert blocking_exchange(socket_path) == encode_response(os.getpid())
+        if legacy_lock:
+            # What the previous version left in the socket directory: root's broker.lock.
+            os.close(os.open(socket_path.parent / "broker.lock", os.O_CREAT | os.O_WRONLY, 0o600))
+        holder = Holder(socket_path.parent)
+        assert holder.report["cap_eff"] == "0000000000000000"  # no capability at all
+        assert "." in holder.report["held"]  # the directory itself: flock needs no write
+        assert holder.report["refused"]["broker.sock"].startswith("open:")  # a socket
+        waiting = set(holder.report["waiting"])
+        first.send_signal(signal.SIGTERM)
+        assert finish(first)[0] == 0
+        while waiting:  # the workload takes what the old broker held as soon as it exits
+            waiting.discard(holder.next_line(10.0)["took"])
+        second = start_broker(socket_path)  # must start although everything is held
+        try:
+            assert blocking_exchange(socket_path) == encode_response(os.getpid())
+        finally:
+            second.send_signal(signal.SIGTERM)
+            returncode, stderr = finish(second)
+        assert returncode == 0, stderr
+    finally:
+        first.kill()
+        first.wait()
+        if holder is not None:
+            holder.stop()

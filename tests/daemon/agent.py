@@ -131,8 +131,15 @@ class AgentProcess:
     Use as a context manager: on exit the process is killed if it still runs, and waited for.
     """
 
-    def __init__(self, args: Sequence[str], env: Mapping[str, str] | None = None) -> None:
-        argv = [sys.executable, "-m", "hami_trio", "run", "--log-format=json", *args]
+    def __init__(
+        self,
+        args: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        *,
+        prefix: Sequence[str] = (),
+    ) -> None:
+        # prefix: a command the agent runs under (e.g. ``unshare ... sh -c 'mount ...; exec'``).
+        argv = [*prefix, sys.executable, "-m", "hami_trio", "run", "--log-format=json", *args]
         self.proc = subprocess.Popen(
             argv, stderr=subprocess.PIPE, text=True, env=dict(env or agent_env())
         )

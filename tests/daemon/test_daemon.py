@@ -25,7 +25,7 @@ import trio.lowlevel
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami_trio.broker.paths import LOCK_NAME
+from hami_trio.broker.paths import default_lock_path
 from hami_trio.broker.protocol import VALID_REQUEST, encode_response
 from hami_trio.cli import build_parser
 from hami_trio.daemon import (
@@ -160,7 +160,7 @@ async def test_everything_starts_serves_and_drains(
             handle.request_stop()
             assert handle.stopping
     assert not present(socket_path)
-    assert flock_free(socket_path.parent / LOCK_NAME)
+    assert flock_free(default_lock_path(socket_path))
     assert refused(port)
     assert not nvml.initialized  # NVML was closed on the way out
 
@@ -249,7 +249,7 @@ async def test_broker_failure_after_start_stops_the_agent(
     assert isinstance(error.__cause__, BrokerError)
     # Everything else was cancelled and cleaned up.
     assert not present(socket_path)
-    assert flock_free(socket_path.parent / LOCK_NAME)
+    assert flock_free(default_lock_path(socket_path))
     assert refused(port)
     assert not nvml.initialized
 
@@ -284,7 +284,7 @@ async def test_busy_metrics_port_stops_the_tasks_already_started(
             await serve_agent(config, nvml=nvml)
     assert mig_lock.parent.is_dir()  # the monitor had started ...
     assert not present(socket_path)  # ... and the broker: its socket is gone again
-    assert flock_free(socket_path.parent / LOCK_NAME)
+    assert flock_free(default_lock_path(socket_path))
 
 
 async def test_unusable_kubeconfig_fails_start_up(

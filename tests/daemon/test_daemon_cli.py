@@ -22,7 +22,8 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami_trio.broker.paths import LOCK_NAME
+from hami_trio.broker.paths import default_lock_path
+from hami_trio.daemon import mig_dir_detached
 from hami_trio.monitor.builder import RegionSpec, SimulatedWorkload, write_region
 from tests.broker.wire import present
 from tests.clients.clients import CClient
@@ -132,7 +133,7 @@ def test_broker_failure_after_start_exits_1_with_the_broker_error(
         f"hami-trio run: broker failed: {socket_path}: accept failed: Invalid argument\n"
     )
     assert not socket_path.exists()
-    with open(socket_path.parent / LOCK_NAME, "rb") as lock:
+    with open(default_lock_path(socket_path), "rb") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released
     with pytest.raises(OSError, match="Connection refused"):
         http_get(port, "/healthz", timeout=2)
@@ -165,7 +166,8 @@ def test_start_up_refusal_is_one_line_and_leaves_nothing_running(
         "refusing to replace it\n"
     )
     assert socket_path.read_text() == "data"
-    assert sorted(p.name for p in socket_path.parent.iterdir()) == [LOCK_NAME, "broker.sock"]
+    assert sorted(p.name for p in socket_path.parent.iterdir()) == ["broker.sock"]
+    assert default_lock_path(socket_path).is_file()  # beside the socket's directory
     assert not mig_lock.parent.exists()  # the monitor never started
 
 
@@ -238,3 +240,46 @@ async def test_kubernetes_path_with_the_broker(
         assert any(r.field_selector == "spec.nodeName=node-a" for r in fake.requests)
         assert await trio.to_thread.run_sync(agent.stop) == 0
     assert not present(socket_path)
+
+
+# --- the MIG lock directory as a hostPath mount whose source is deleted on the host ---------
+
+
+@pytest.mark.root
+def test_mig_dir_deleted_on_the_host_under_its_mount_makes_the_agent_exit(
+    hook: Path, base_dir: Path
+) -> None:
+    # The chart mounts the host's /tmp/hami (not all of /tmp): if that directory is removed on
+    # the host (tmpfiles ageing, an operator), the mount keeps the dead directory and a MIG
+    # lock in the host's new /tmp/hami would never be seen.  The agent must not go on blind.
+    host_dir = base_dir / "host-hami"
+    host_dir.mkdir()
+    mounted = base_dir / "mig"
+    mounted.mkdir()
+    # Read-only, like the chart's mount: the agent only looks at the directory.
+    mount_then_exec = (
+        'mount --bind "$1" "$2" && mount -o remount,bind,ro "$2" && shift 2 && exec "$@"'
+    )
+    prefix = ["unshare", "--mount", "--propagation", "private", "--"]
+    prefix += ["sh", "-c", mount_then_exec, "sh", str(host_dir), str(mounted)]
+    flags = [*common_flags(hook, mounted / "hami-mig-apply.lock"), "--no-kubernetes"]
+    with AgentProcess(flags, prefix=prefix) as agent:
+        port = agent.wait_ready()
+        # Through the read-only mount the monitor still sees the device plugin's lock come
+        # and go on the host (inotify and lstat need no write access).
+        (host_dir / "hami-mig-apply.lock").touch()
+        wait_until(lambda: metric(port, "hami_trio_monitor_mig_paused") == 1, what="pause")
+        (host_dir / "hami-mig-apply.lock").unlink()
+        wait_until(lambda: metric(port, "hami_trio_monitor_mig_paused") == 0, what="resume")
+        assert agent.proc.poll() is None  # a healthy mount: no false alarm
+        host_dir.rmdir()  # on the host; the agent's mount namespace keeps the dead directory
+        assert agent.finish() == 1
+    assert f"MIG lock directory {mounted} was deleted on the host while mounted" in (agent.output())
+    assert list(mounted.iterdir()) == []  # the host's view of the mount point: untouched
+
+
+def test_mig_dir_detached_only_for_a_deleted_directory(base_dir: Path) -> None:
+    assert not mig_dir_detached(base_dir)  # a live directory
+    assert not mig_dir_detached(base_dir / "missing")  # missing: the monitor reports it
+    (base_dir / "file").write_text("x")
+    assert not mig_dir_detached(base_dir / "file")

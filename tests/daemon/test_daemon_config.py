@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hami_trio.broker.paths import DEFAULT_SOCKET_PATH
+from hami_trio.broker.paths import DEFAULT_LOCK_PATH, DEFAULT_SOCKET_PATH
 from hami_trio.cli import build_parser, main
 from hami_trio.config import BindAddress
 from hami_trio.daemon_config import (
@@ -64,6 +64,7 @@ def test_every_setting_reads_its_flag_then_its_variable() -> None:
         "lock_parent_path": "/l/vgpulock",
         "metrics_bind_address": "127.0.0.1:0",
         "broker_socket_path": "/b/broker.sock",
+        "broker_lock_path": "/l/broker.lock",
         "broker_max_exchanges": "64",
         "broker_exchange_deadline": "2",
         "shutdown_timeout": "3s",
@@ -84,6 +85,7 @@ def test_every_setting_reads_its_flag_then_its_variable() -> None:
         assert config.metrics_bind == BindAddress("127.0.0.1", 0)
         assert config.broker is not None
         assert config.broker.socket_path == Path("/b/broker.sock")
+        assert config.broker.lock_path == Path("/l/broker.lock")
         assert config.broker.max_exchanges == 64
         assert config.broker.exchange_deadline == 2.0
         assert config.shutdown_timeout == 3.0
@@ -134,6 +136,8 @@ def test_hami_names_are_honoured() -> None:
     assert config.monitor.resync_interval == 5400.0
     assert config.broker is not None
     assert config.broker.socket_path == DEFAULT_SOCKET_PATH
+    assert config.broker.lock_path is None  # derived: beside the socket's directory
+    assert config.broker.resolved_lock_path == DEFAULT_LOCK_PATH
 
 
 def test_in_cluster_access_when_no_kubeconfig() -> None:
@@ -202,6 +206,7 @@ def test_invalid_hami_resync_interval_warns_and_uses_5m(value: str) -> None:
             "HAMI_TRIO_BROKER_EXCHANGE_DEADLINE must be a positive duration, got '-1s'",
         ),
         (["--broker-socket-path="], {"LIBVGPU_HOSTPID_BROKER": "1"}, "--broker-socket-path: empty"),
+        (["--broker-lock-path="], {"LIBVGPU_HOSTPID_BROKER": "1"}, "--broker-lock-path: empty"),
         (["--shutdown-timeout=0s"], {}, "--shutdown-timeout must be a positive duration"),
         (["--log-format=xml"], {}, "--log-format: 'xml' is not text or json"),
         ([], {"HAMI_TRIO_LOG_LEVEL": "chatty"}, "HAMI_TRIO_LOG_LEVEL: unknown log level 'chatty'"),
@@ -255,6 +260,7 @@ def test_to_json_shows_values_sources_and_warnings_but_no_secret() -> None:
     assert doc["broker"] == {
         "enabled": True,
         "socket_path": "/b/broker.sock",
+        "lock_path": "/b-lock/broker.lock",
         "max_exchanges": 4096,
         "exchange_deadline_seconds": 0.5,
     }
@@ -292,6 +298,7 @@ def test_print_config(
     assert doc["legacy_metrics"] is True
     assert doc["broker"]["enabled"] is True
     assert doc["broker"]["socket_path"] == str(DEFAULT_SOCKET_PATH)
+    assert doc["broker"]["lock_path"] == str(DEFAULT_LOCK_PATH)
     assert doc["sources"]["legacy_metrics"] == "--legacy-metrics"
 
 

@@ -21,10 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 import hami_trio
 from hami_trio.cli import build_parser
 from hami_trio.daemon_config import resolve_config
+from hami_trio.monitor.pods import KubeAccess
+from tests.monitor.fake_kube import FakeKubeApi
+from tests.monitor.test_pods import start_watch, wait_until, write_kubeconfig
 
 try:
     import helm_python as helm
@@ -46,8 +50,16 @@ NAMESPACE = "hami-system"
 RELEASE = "hami-trio"
 
 BROKER_DIR = "/var/run/hami/hostpid"
+BROKER_LOCK_DIR = "/var/run/hami/hostpid-lock"
 BROKER_ON = {"devicePlugin": {"hostPIDBroker": {"enabled": True}}}
 BROKER_ON_HOSTPID_OFF = {"devicePlugin": {"hostPID": False, "hostPIDBroker": {"enabled": True}}}
+NO_SCRAPER = "networkPolicy.enabled=true needs networkPolicy.scraper.namespaceSelector or"
+NETWORK_POLICY_ON = {
+    "networkPolicy": {
+        "enabled": True,
+        "scraper": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mon"}}},
+    }
+}
 HOSTPID_REFUSAL = "devicePlugin.hostPIDBroker.enabled=true requires devicePlugin.hostPID=true"
 
 
@@ -85,8 +97,14 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "legacy-metrics": {"metrics": {"legacy": True}},
     "service-monitor": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
     "hostpid-off-broker-off": {"devicePlugin": {"hostPID": False}},
+    "network-policy": NETWORK_POLICY_ON,
+    "hostpid-on-broker-off": {"devicePlugin": {"hostPID": True}},
     "everything": {
         **BROKER_ON,
+        "networkPolicy": {
+            "enabled": True,
+            "scraper": {"namespaceSelector": {"matchLabels": {"team": "obs"}}, "podSelector": {}},
+        },
         "metrics": {"legacy": True, "port": 9500},
         "serviceMonitor": {"enabled": True},
         "log": {"format": "json", "level": "debug"},
@@ -155,11 +173,18 @@ def broker_bits(by_kind: dict[str, list[dict[str, Any]]]) -> dict[str, bool]:
     """Each trace the broker switch leaves in the rendering."""
     pod = only(by_kind, "DaemonSet")["spec"]["template"]["spec"]
     container = agent(by_kind)
+    paths = {BROKER_DIR, BROKER_LOCK_DIR}
+    mounts = {m["mountPath"] for m in container["volumeMounts"]} & paths
+    volumes = {v.get("hostPath", {}).get("path") for v in pod["volumes"]} & paths
+    flags = {a.split("=", 1)[0] for a in container["args"]}
+    flags &= {"--broker-socket-path", "--broker-lock-path"}
+    for found in (mounts, volumes, flags):
+        assert len(found) in (0, 2), found  # socket and lock go together
     return {
         "env": "LIBVGPU_HOSTPID_BROKER" in env_of(container),
-        "mount": any(m["mountPath"] == BROKER_DIR for m in container["volumeMounts"]),
-        "volume": any(v.get("hostPath", {}).get("path") == BROKER_DIR for v in pod["volumes"]),
-        "flag": any(a.startswith("--broker-socket-path") for a in container["args"]),
+        "mount": bool(mounts),
+        "volume": bool(volumes),
+        "flag": bool(flags),
     }
 
 
@@ -172,6 +197,8 @@ def test_every_manifest_is_valid_kubernetes(chart: Any, scenario: str) -> None:
     expected = {"DaemonSet", "Service", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
     if SCENARIOS[scenario].get("serviceMonitor", {}).get("enabled"):
         expected.add("ServiceMonitor")
+    if SCENARIOS[scenario].get("networkPolicy", {}).get("enabled"):
+        expected.add("NetworkPolicy")
     assert set(by_kind) == expected
     for kind, docs in by_kind.items():
         if kind == "ServiceMonitor":
@@ -218,11 +245,14 @@ def test_broker_on_sets_switch_mount_and_socket_path(chart: Any, values: dict[st
         "value": "1",
     }
     assert f"--broker-socket-path={BROKER_DIR}/broker.sock" in container["args"]
-    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == BROKER_DIR]
-    assert not mount.get("readOnly", False)  # the agent creates the socket and lock there
-    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
-    assert volume["hostPath"] == {"path": BROKER_DIR, "type": "DirectoryOrCreate"}
-    assert pod["hostPID"] is True
+    # The lock lives beside the socket's directory, which workloads mount, never in it.
+    assert f"--broker-lock-path={BROKER_LOCK_DIR}/broker.lock" in container["args"]
+    for path in (BROKER_DIR, BROKER_LOCK_DIR):
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == path]
+        assert not mount.get("readOnly", False)  # the agent creates the socket / lock there
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert volume["hostPath"] == {"path": path, "type": "DirectoryOrCreate"}
+    assert pod["hostPID"] is True  # derived from the broker switch
     annotations = only(by_kind, "DaemonSet")["spec"]["template"]["metadata"]["annotations"]
     assert annotations["hami-trio.io/host-pid-broker"] == "enabled"
 
@@ -237,13 +267,31 @@ def test_host_pid_off_alone_is_allowed(chart: Any) -> None:
     assert pod["spec"]["template"]["spec"]["hostPID"] is False
 
 
+@pytest.mark.parametrize(
+    ("values", "host_pid"),
+    [
+        ({}, False),  # broker off by default: no host PID namespace either
+        (BROKER_ON, True),
+        ({"devicePlugin": {"hostPID": True}}, True),  # an explicit value wins
+        ({"devicePlugin": {"hostPID": True, "hostPIDBroker": {"enabled": True}}}, True),
+        ({"devicePlugin": {"hostPID": None, "hostPIDBroker": {"enabled": True}}}, True),
+    ],
+    ids=["default", "broker-on", "explicit-true", "explicit-true-broker-on", "null-broker-on"],
+)
+def test_host_pid_follows_the_broker_unless_set(
+    chart: Any, values: dict[str, Any], host_pid: bool
+) -> None:
+    pod = only(render(chart, values), "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["hostPID"] is host_pid
+
+
 # --- the DaemonSet ------------------------------------------------------------------------
 
 
 def test_daemonset_runs_as_root_with_only_the_capabilities_it_needs(chart: Any) -> None:
     by_kind = render(chart)
     pod = only(by_kind, "DaemonSet")["spec"]["template"]["spec"]
-    assert pod["hostPID"] is True
+    assert pod["hostPID"] is False  # the broker is off by default
     assert pod["securityContext"]["runAsUser"] == 0
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     security = agent(by_kind)["securityContext"]
@@ -311,6 +359,7 @@ def test_only_flags_and_env_the_agent_knows(chart: Any, scenario: str) -> None:
     if broker_on.get("enabled"):
         assert config.broker is not None
         assert config.broker.socket_path == Path(BROKER_DIR) / "broker.sock"
+        assert config.broker.resolved_lock_path == Path(BROKER_LOCK_DIR) / "broker.lock"
     else:
         assert config.broker is None
 
@@ -327,11 +376,35 @@ def test_host_paths_follow_the_values(chart: Any) -> None:
             "path": "/opt/hami/vgpu/containers",
             "type": "DirectoryOrCreate",
         },
-        "/tmp": {"path": "/tmp", "type": "Directory"},
+        "/tmp/hami": {"path": "/tmp/hami", "type": "DirectoryOrCreate"},
+        "/tmp/vgpulock": {"path": "/tmp/vgpulock", "type": "DirectoryOrCreate"},
     }
     env = env_of(container)
     assert env["HOOK_PATH"]["value"] == "/opt/hami/vgpu"
     assert env["HAMI_RESYNC_INTERVAL"]["value"] == "90s"
+
+
+def test_no_host_tmp_only_the_two_directories_read_only(chart: Any) -> None:
+    for values in ({}, BROKER_ON, {"migLockPath": "/var/lib/hami-mig/apply.lock"}):
+        by_kind = render(chart, values)
+        pod = only(by_kind, "DaemonSet")["spec"]["template"]["spec"]
+        mounts = {m["mountPath"]: m for m in agent(by_kind)["volumeMounts"]}
+        host_paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+        assert "/tmp" not in mounts
+        assert "/tmp" not in host_paths
+        mig_dir = str(Path(values.get("migLockPath", "/tmp/hami/hami-mig-apply.lock")).parent)
+        # The MIG lock's directory and the lock parent: the agent only looks at them.
+        assert mounts[mig_dir]["readOnly"] is True
+        assert mounts["/tmp/vgpulock"]["readOnly"] is True
+        assert (
+            f"--mig-lock-path={values.get('migLockPath', '/tmp/hami/hami-mig-apply.lock')}"
+            in (agent(by_kind)["args"])
+        )
+        writable = {path for path, m in mounts.items() if not m.get("readOnly", False)}
+        expected = {"/usr/local/vgpu/containers"}
+        if values is BROKER_ON:
+            expected |= {BROKER_DIR, BROKER_LOCK_DIR}
+        assert writable == expected
 
 
 def test_probes_and_ports_follow_the_metrics_port(chart: Any) -> None:
@@ -363,12 +436,10 @@ def test_log_values_become_flags(chart: Any) -> None:
 # --- RBAC and the ServiceMonitor ----------------------------------------------------------
 
 
-def test_rbac_is_get_list_watch_pods_only(chart: Any) -> None:
+def test_rbac_is_list_watch_pods_only(chart: Any) -> None:
     by_kind = render(chart)
     role = only(by_kind, "ClusterRole")
-    assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
-    ]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
     binding = only(by_kind, "ClusterRoleBinding")
     account = only(by_kind, "ServiceAccount")
     pod = only(by_kind, "DaemonSet")["spec"]["template"]["spec"]
@@ -381,6 +452,35 @@ def test_rbac_is_get_list_watch_pods_only(chart: Any) -> None:
         {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
     ]
     assert pod["serviceAccountName"] == account["metadata"]["name"]
+
+
+async def test_rbac_verbs_are_exactly_what_the_pod_watch_uses(
+    chart: Any, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # The real pod watch against the fake API server, through a list, events, a watch that
+    # ends and an expired one (relist): every request must be a collection GET of pods, a
+    # list or a watch - never a single pod (the verb "get").
+    fake = FakeKubeApi()
+    await nursery.start(fake.serve)
+    access = KubeAccess(
+        kubeconfig=write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{fake.port}")
+    )
+    uid = fake.add_pod("a")
+    source = await start_watch(nursery, access)
+    await wait_until(lambda: fake.open_watches == 1)
+    fake.modify_pod(uid, labels={"v": "2"})
+    fake.add_pod("b")
+    await wait_until(lambda: len(source.pods()) == 2)
+    fake.end_watches()
+    await wait_until(lambda: len(fake.requests) >= 3 and fake.open_watches == 1)
+    fake.delete_pod(uid)  # history the watch misses: compacted away, only a relist tells
+    fake.compact()
+    fake.end_watches()
+    await wait_until(lambda: source.relists == 1 and fake.open_watches == 1)
+    assert {r.path for r in fake.requests} == {"/api/v1/pods"}
+    used = {"watch" if r.watch else "list" for r in fake.requests}
+    (rule,) = only(render(chart), "ClusterRole")["rules"]
+    assert used == set(rule["verbs"]) == {"list", "watch"}
 
 
 def test_service_monitor_is_off_by_default(chart: Any) -> None:
@@ -428,7 +528,12 @@ def test_service_monitor_shape(chart: Any) -> None:
         ({"resyncInterval": "5 minutes"}, "/resyncInterval"),
         ({"hookPath": "usr/local/vgpu"}, "/hookPath"),
         ({"hookPath": "/usr/local/vgpu/"}, "/hookPath"),
-        ({"migLockPath": "/var/lock/mig.lock"}, "/migLockPath"),
+        ({"migLockPath": "/tmp/mig.lock"}, "/migLockPath"),  # its directory would be /tmp
+        ({"migLockPath": "tmp/hami/x.lock"}, "/migLockPath"),
+        ({"migLockPath": "/tmp/hami/"}, "/migLockPath"),
+        ({"devicePlugin": {"hostPID": "auto"}}, "/devicePlugin/hostPID"),
+        ({"networkPolicy": {"enabled": "yes"}}, "/networkPolicy/enabled"),
+        ({"networkPolicy": {"enabled": False, "scraper": {"pods": {}}}}, "pods"),
         ({"extraArgs": ["run"]}, "/extraArgs/0"),
         ({"devicePlugn": {}}, "devicePlugn"),
     ],
@@ -446,6 +551,7 @@ SMUGGLED: list[tuple[dict[str, Any], str]] = [
     ({"extraEnv": [{"name": "HOOK_PATH", "value": "/x"}]}, "set HOOK_PATH"),
     ({"extraArgs": ["--log-level=debug"]}, "pass --log-level"),
     ({"extraArgs": ["--broker-socket-path=/x.sock"]}, "pass --broker-socket-path"),
+    ({"extraArgs": ["--broker-lock-path=/x.lock"]}, "pass --broker-lock-path"),
     # Flags that would override what the chart sets through the environment (and mounts).
     ({"extraArgs": ["--hook-path=/x"]}, "pass --hook-path"),
     ({"extraArgs": ["--node-name=other"]}, "pass --node-name"),
@@ -459,6 +565,56 @@ def test_chart_managed_settings_cannot_be_smuggled_in(
 ) -> None:
     with pytest.raises(helm.HelmRenderError, match=f"must not {re.escape(message)}: the chart"):
         chart.render(values=values, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_mig_lock_path_with_dot_dot_is_refused(chart: Any) -> None:
+    with pytest.raises(helm.HelmRenderError, match=r"must not contain \. or \.\. components"):
+        chart.render(
+            values={"migLockPath": "/tmp/hami/../x.lock"}, name=RELEASE, namespace=NAMESPACE
+        )
+
+
+# --- the NetworkPolicy ------------------------------------------------------------------------
+
+
+def test_network_policy_is_off_by_default(chart: Any) -> None:
+    assert "NetworkPolicy" not in render(chart)
+
+
+def test_network_policy_admits_only_the_scraper_to_the_metrics_port(chart: Any) -> None:
+    scraper = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "obs"}},
+        "podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["p"]}]},
+    }
+    by_kind = render(
+        chart, {"networkPolicy": {"enabled": True, "scraper": scraper}, "metrics": {"port": 9500}}
+    )
+    policy = only(by_kind, "NetworkPolicy")
+    pod_labels = only(by_kind, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert policy["metadata"]["namespace"] == NAMESPACE
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]  # the agent's egress is untouched
+    # One rule, one peer carrying both selectors (both must match), one port.
+    assert policy["spec"]["ingress"] == [
+        {"from": [scraper], "ports": [{"port": "metrics", "protocol": "TCP"}]}
+    ]
+    assert {"name": "metrics", "containerPort": 9500, "protocol": "TCP"} in agent(by_kind)["ports"]
+
+
+@pytest.mark.parametrize(
+    "scraper",
+    [None, {"namespaceSelector": {}, "podSelector": {}}],
+    ids=["defaults", "both-empty"],
+)
+def test_network_policy_without_a_scraper_selector_is_refused(
+    chart: Any, scraper: dict[str, Any] | None
+) -> None:
+    # Both selectors empty would admit every pod of every namespace: say who scrapes.
+    policy: dict[str, Any] = {"enabled": True}
+    if scraper is not None:
+        policy["scraper"] = scraper
+    with pytest.raises(helm.HelmRenderError, match=re.escape(NO_SCRAPER)):
+        chart.render(values={"networkPolicy": policy}, name=RELEASE, namespace=NAMESPACE)
 
 
 # --- helm lint, NOTES, docs -----------------------------------------------------------------

@@ -61,13 +61,45 @@ allocation mounts this host directory read-only into workloads at /tmp/vgpulock/
 /var/run/hami/hostpid
 {{- end }}
 
+{{/* Where the broker keeps its lock: beside the broker directory, never in it.  Workloads get
+the broker directory (read-only: it does not stop flock), so a lock there could be held by any
+workload's root process and no later broker would start.  Only the agent mounts this one. */}}
+{{- define "hami-trio.brokerLockDir" -}}
+/var/run/hami/hostpid-lock
+{{- end }}
+
+{{/* hostPID: the explicit value, or (null, the default) exactly when the broker is on. */}}
+{{- define "hami-trio.hostPID" -}}
+{{- $explicit := .Values.devicePlugin.hostPID }}
+{{- if kindIs "invalid" $explicit }}
+{{- .Values.devicePlugin.hostPIDBroker.enabled }}
+{{- else }}
+{{- $explicit }}
+{{- end }}
+{{- end }}
+
+{{/* The MIG lock's directory: what the agent mounts from the host (not all of /tmp). */}}
+{{- define "hami-trio.migLockDir" -}}
+{{- dir .Values.migLockPath }}
+{{- end }}
+
 {{/*
 Checks that the schema cannot express with a clear message.  Included by the DaemonSet, so a
 failing check stops the whole rendering (helm install / upgrade / template).
 */}}
 {{- define "hami-trio.validate" -}}
-{{- if and .Values.devicePlugin.hostPIDBroker.enabled (not .Values.devicePlugin.hostPID) }}
+{{- if and .Values.devicePlugin.hostPIDBroker.enabled (eq .Values.devicePlugin.hostPID false) }}
 {{- fail "devicePlugin.hostPIDBroker.enabled=true requires devicePlugin.hostPID=true: the broker answers each caller with its PID as the kernel reports it in the agent's PID namespace, which is the host's only with hostPID. Set devicePlugin.hostPID=true, or devicePlugin.hostPIDBroker.enabled=false." }}
+{{- end }}
+{{- range splitList "/" .Values.migLockPath }}
+{{- if or (eq . ".") (eq . "..") }}
+{{- fail (printf "migLockPath %s must not contain . or .. components: its directory is mounted from the host as named" $.Values.migLockPath) }}
+{{- end }}
+{{- end }}
+{{- if .Values.networkPolicy.enabled }}
+{{- if and (empty .Values.networkPolicy.scraper.namespaceSelector) (empty .Values.networkPolicy.scraper.podSelector) }}
+{{- fail "networkPolicy.enabled=true needs networkPolicy.scraper.namespaceSelector or networkPolicy.scraper.podSelector: with both empty every pod in every namespace could reach the metrics port, which is what the policy is for preventing" }}
+{{- end }}
 {{- end }}
 {{- $managedEnv := list "LIBVGPU_HOSTPID_BROKER" "HOOK_PATH" "NODE_NAME" "HAMI_RESYNC_INTERVAL" "NVIDIA_VISIBLE_DEVICES" }}
 {{- range .Values.extraEnv }}
@@ -75,7 +107,7 @@ failing check stops the whole rendering (helm install / upgrade / template).
 {{- fail (printf "extraEnv must not set %s: the chart manages it (see devicePlugin.hostPIDBroker.enabled, hookPath, resyncInterval, nvidiaVisibleDevices)" .name) }}
 {{- end }}
 {{- end }}
-{{- $managedFlags := list "--metrics-bind-address" "--legacy-metrics" "--log-format" "--log-level" "--broker-socket-path" "--mig-lock-path" "--hook-path" "--node-name" "--resync-interval" }}
+{{- $managedFlags := list "--metrics-bind-address" "--legacy-metrics" "--log-format" "--log-level" "--broker-socket-path" "--broker-lock-path" "--mig-lock-path" "--hook-path" "--node-name" "--resync-interval" }}
 {{- range .Values.extraArgs }}
 {{- $flag := first (splitList "=" (toString .)) }}
 {{- if has $flag $managedFlags }}
