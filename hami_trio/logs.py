@@ -21,7 +21,8 @@ drive the reader's terminal, both formatters escape what a tenant could use for 
   left as they are, so an escaped name reads the way Python writes it;
 - JSON: ``json.dumps`` already escapes C0 controls; C1 controls, U+2028/U+2029 and lone
   surrogates are written as ``\\uNNNN`` too, so every record is one line of valid UTF-8 that
-  decodes back to the exact string.
+  decodes back to the exact string (a high lone surrogate followed by a low one reads back
+  as the pair they spell: JSON's escapes are UTF-16).
 """
 
 from __future__ import annotations
