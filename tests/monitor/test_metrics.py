@@ -633,17 +633,17 @@ def test_failing_sources_cost_only_their_part() -> None:
     assert errors(text) == {"container": 0, "mig": 0, "pods": 1, "host": 1}
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    st.lists(
-        st.tuples(
-            st_metrics.hostile_text(),
-            st_metrics.hostile_text(),
-            st_metrics.hostile_mig_annotations(),
-        ),
-        max_size=4,
-    )
+# Tenants as (pod name, container name, MIG annotation); the fuzz target reuses this.
+TENANTS = st.lists(
+    st.tuples(
+        st_metrics.hostile_text(), st_metrics.hostile_text(), st_metrics.hostile_mig_annotations()
+    ),
+    max_size=4,
 )
+
+
+@settings(max_examples=60, deadline=None)
+@given(TENANTS)
 def test_no_tenant_data_fails_a_scrape(tenants: list[tuple[str, str, str]]) -> None:
     good = mig_pod("uid-good", [allocation(1, 0)])
     pods = [good]
