@@ -311,6 +311,7 @@ class _Families:
 
     def __init__(self, legacy: bool, labels: _LabelCache) -> None:
         self._labels = labels
+        self._rows: list[list[tuple[tuple[str, ...], str, int]]] | None = None
         self.devices = 0
         new = (*_CONTAINER_LABELS, "zone")
 
@@ -373,14 +374,18 @@ class _Families:
         """Every family of the scrape, legacy ones included."""
         return [value for value in vars(self).values() if isinstance(value, FastGauge)]
 
-    def checkpoint(self) -> list[tuple[FastGauge, int]]:
-        """The current length of every family (see :meth:`rollback`)."""
-        return [(family, len(family)) for family in self.every()]
+    def checkpoint(self) -> list[int]:
+        """The current length of every family (see :meth:`rollback`); cheap, once per
+        container."""
+        if self._rows is None:
+            self._rows = [family._rows for family in self.every()]
+        return list(map(len, self._rows))
 
-    def rollback(self, checkpoint: list[tuple[FastGauge, int]]) -> None:
+    def rollback(self, checkpoint: list[int]) -> None:
         """Drop every sample added since ``checkpoint``."""
-        for family, length in checkpoint:
-            family.truncate(length)
+        assert self._rows is not None
+        for rows, length in zip(self._rows, checkpoint, strict=True):
+            del rows[length:]
 
     def upstream(self) -> list[FastGauge]:
         families = [
@@ -622,14 +627,12 @@ class VGpuCollector(Collector):
             )
             return
         for pod in list(pods.values()):
-            checkpoint = [
-                (families.mig, len(families.mig)),
-                (families.legacy_mig, len(families.legacy_mig)),
-            ]
+            mig_rows, legacy_rows = len(families.mig), len(families.legacy_mig)
             try:
                 self._collect_pod_mig(families, pod)
             except Exception as exc:
-                families.rollback(checkpoint)
+                families.mig.truncate(mig_rows)
+                families.legacy_mig.truncate(legacy_rows)
                 self._failed(
                     "mig",
                     ("mig", pod.uid),
