@@ -9,23 +9,77 @@ the node's disk and drown real messages, so such call sites go through :class:`R
 at most one line per key per interval, and the line that is let through says how many were
 suppressed since the last one.  The limiter's key table is bounded, so a tenant cannot grow it
 either.
+
+Tenants also choose many of the strings that end up in messages: file and directory names,
+pod annotations, the text of errors about their data.  So no call site can forge a record or
+drive the reader's terminal, both formatters escape what a tenant could use for that
+(:func:`escape_control`):
+
+- text: the whole rendered record - message, arguments, a traceback - is one line; C0 and C1
+  control characters, DEL, U+2028/U+2029 and lone surrogates are written as ``\\n``,
+  ``\\r``, ``\\t``, ``\\xNN`` or ``\\uNNNN`` (a traceback's line breaks too).  Backslashes are
+  left as they are, so an escaped name reads the way Python writes it;
+- JSON: ``json.dumps`` already escapes C0 controls; C1 controls, U+2028/U+2029 and lone
+  surrogates are written as ``\\uNNNN`` too, so every record is one line of valid UTF-8 that
+  decodes back to the exact string (a high lone surrogate followed by a low one reads back
+  as the pair they spell: JSON's escapes are UTF-16).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Literal, TextIO
 
-__all__ = ["LogFormat", "RateLimiter", "configure_logging"]
+__all__ = ["LogFormat", "RateLimiter", "configure_logging", "escape_control"]
 
 LogFormat = Literal["text", "json"]
 
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+# What a reader's line splitting or terminal may act on: C0 controls, DEL and C1 controls,
+# the Unicode line and paragraph separators, and lone surrogates (not encodable as UTF-8).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+# In JSON output only these can still appear raw (json.dumps escapes C0 controls itself).
+_UNSAFE_JSON = re.compile("[\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    char = match.group()
+    named = _NAMED.get(char)
+    if named is not None:
+        return named
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def _escape_json_char(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def escape_control(text: str) -> str:
+    """``text`` with every character that could break a log line or drive a terminal escaped.
+
+    Newline, carriage return and tab become ``\\n``, ``\\r``, ``\\t``; other C0/C1 controls
+    and DEL ``\\xNN``; U+2028, U+2029 and lone surrogates ``\\uNNNN``.  Everything else is
+    unchanged (a string without such characters is returned as it is).
+    """
+    if _UNSAFE.search(text) is None:
+        return text
+    return _UNSAFE.sub(_escape_char, text)
+
+
+class _TextFormatter(logging.Formatter):
+    """The text format, one line per record whatever the message holds."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return escape_control(super().format(record))
 
 
 class _JsonFormatter(logging.Formatter):
@@ -45,7 +99,11 @@ class _JsonFormatter(logging.Formatter):
                 payload[key] = value if isinstance(value, int | float | bool | None) else str(value)
         if record.exc_info:
             payload["exc"] = self.formatException(record.exc_info)
-        return json.dumps(payload, ensure_ascii=False)
+        text = json.dumps(payload, ensure_ascii=False)
+        # Outside strings JSON is ASCII, so each match is inside a string: escape it there.
+        if _UNSAFE_JSON.search(text) is None:
+            return text
+        return _UNSAFE_JSON.sub(_escape_json_char, text)
 
 
 def configure_logging(
@@ -62,7 +120,7 @@ def configure_logging(
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}")
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(_JsonFormatter() if fmt == "json" else logging.Formatter(_TEXT_FORMAT))
+    handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter(_TEXT_FORMAT))
     root = logging.getLogger("hami_trio")
     for old in list(root.handlers):
         root.removeHandler(old)

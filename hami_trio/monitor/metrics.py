@@ -36,8 +36,25 @@ also carries ``context, module, data, offset``, where ``offset = total - context
 data`` wraps modulo 2**64 like Go's uint64 arithmetic).
 
 Our own families here: ``hami_trio_container_blocked{namespace,pod,container}`` (1 while the
-monitor holds the container blocked, ``recent_kernel < 0``) and, from
-:class:`BuildInfoCollector`, ``hami_build_info{version,python_version,trio_version} 1``.
+monitor holds the container blocked, ``recent_kernel < 0``),
+``hami_trio_collector_errors_total{phase}`` (below) and, from :class:`BuildInfoCollector`,
+``hami_build_info{version,python_version,trio_version} 1``.
+
+Tenant data never fails a scrape.  Pod names, container names (directory names, decoded with
+surrogate escapes when they are not UTF-8) and the MIG annotation are written by tenants, so
+every part of a scrape is isolated:
+
+- ``container``: one container's rows are built as a unit; if anything raises (a label value
+  that cannot be encoded as UTF-8, say) only that container's rows are dropped;
+- ``mig``: an annotation the decoder refuses (see :mod:`hami_trio.monitor.migalloc` for its
+  bounds) or any failure while building one pod's MIG rows drops that pod's MIG rows only;
+- ``pods``: the pod source failing to list its pods drops the MIG rows of this scrape;
+- ``host``: the NVML sampler failing drops the host GPU families of this scrape.
+
+Each drop adds 1 to ``hami_trio_collector_errors_total{phase}`` (a refused annotation counts
+once per value, since decoding is cached; the other phases count per scrape) and logs a
+warning naming the pod or container, at most one per pod or container per
+:data:`WARNING_INTERVAL` seconds.
 
 The collector depends only on the shape of the monitor's read-only view (the protocols
 below), not on its implementation.
@@ -49,11 +66,11 @@ import logging
 import platform
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
@@ -70,7 +87,9 @@ from hami_trio.monitor.migalloc import (
 from hami_trio.monitor.podsource import PodInfo, PodSource
 
 __all__ = [
+    "COLLECTOR_ERROR_PHASES",
     "NODE_LABEL",
+    "WARNING_INTERVAL",
     "ZONE",
     "BuildInfoCollector",
     "ContainerView",
@@ -86,6 +105,11 @@ _log = logging.getLogger(__name__)
 NODE_LABEL: Final = "hami.io/vgpu-node"
 #: Upstream's collector-wide ``zone`` label value.
 ZONE: Final = "vGPU"
+
+#: The ``phase`` label values of ``hami_trio_collector_errors_total`` (a fixed set).
+COLLECTOR_ERROR_PHASES: Final = ("container", "mig", "pods", "host")
+#: Seconds between two warnings about the same pod or container (the rest are counted).
+WARNING_INTERVAL: Final = 600.0
 
 _MASK64: Final = (1 << 64) - 1
 _SIGN64: Final = 1 << 63
@@ -192,7 +216,15 @@ def _escape(value: str) -> str:
 
 
 def _render_labels(names: Sequence[str], values: Sequence[str]) -> str:
-    return "{" + ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)) + "}"
+    """The rendered label set; raises UnicodeEncodeError if a value is not valid Unicode.
+
+    The body is encoded as UTF-8 once for all families, so a value that cannot be encoded
+    (a lone surrogate) must be caught here, where it costs only its own container's rows.
+    """
+    text = "{" + ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)) + "}"
+    if not text.isascii():
+        text.encode("utf-8")
+    return text
 
 
 class FastGauge(Metric):
@@ -230,6 +262,10 @@ class FastGauge(Metric):
 
     def __len__(self) -> int:
         return len(self._rows)
+
+    def truncate(self, length: int) -> None:
+        """Drop the samples added after the first ``length`` (a failed container's rows)."""
+        del self._rows[length:]
 
     def add(self, values: tuple[str, ...], rendered: str, value: int) -> None:
         """Add a sample: label values, their rendering from :func:`_render_labels`, value."""
@@ -275,6 +311,7 @@ class _Families:
 
     def __init__(self, legacy: bool, labels: _LabelCache) -> None:
         self._labels = labels
+        self._rows: list[list[tuple[tuple[str, ...], str, int]]] | None = None
         self.devices = 0
         new = (*_CONTAINER_LABELS, "zone")
 
@@ -332,6 +369,23 @@ class _Families:
             "Mig device information for container",
             (*_LEGACY_LABELS, "instanceid", "zone"),
         )
+
+    def every(self) -> list[FastGauge]:
+        """Every family of the scrape, legacy ones included."""
+        return [value for value in vars(self).values() if isinstance(value, FastGauge)]
+
+    def checkpoint(self) -> list[int]:
+        """The current length of every family (see :meth:`rollback`); cheap, once per
+        container."""
+        if self._rows is None:
+            self._rows = [family._rows for family in self.every()]
+        return list(map(len, self._rows))
+
+    def rollback(self, checkpoint: list[int]) -> None:
+        """Drop every sample added since ``checkpoint``."""
+        assert self._rows is not None
+        for rows, length in zip(self._rows, checkpoint, strict=True):
+            del rows[length:]
 
     def upstream(self) -> list[FastGauge]:
         families = [
@@ -438,14 +492,16 @@ class VGpuCollector(Collector):
         # Scrapes may run in two threads at once, hence the lock.
         self._mig_cache: dict[str, tuple[str, tuple[MigAllocation, ...] | None]] = {}
         self._mig_lock = threading.Lock()
-        self._mig_warnings = RateLimiter(3600.0, max_keys=4096)
+        self._warnings = RateLimiter(WARNING_INTERVAL, max_keys=4096)
         self._labels = _LabelCache()
+        self._errors = dict.fromkeys(COLLECTOR_ERROR_PHASES, 0)
+        self._errors_lock = threading.Lock()
 
     def describe(self) -> list[Metric]:
         """The families this collector can export (lets the registry reject duplicates)."""
         families = _Families(self._legacy, _LabelCache())
         host = host_gpu_families((), "", legacy=self._legacy, const_labels=[("zone", ZONE)])
-        return [*host, *families.upstream(), families.blocked]
+        return [*host, *families.upstream(), families.blocked, self._error_family()]
 
     def collect(self) -> list[Metric]:
         """Build every family from the latest snapshots (called by the registry per scrape)."""
@@ -453,9 +509,31 @@ class VGpuCollector(Collector):
         self._collect_containers(families)
         self._labels.trim(families.devices)
         self._collect_mig(families)
+        host = self._collect_host()
         fast = [family for family in (*families.upstream(), families.blocked) if len(family)]
         # Like Go's registry, a family without samples is not exposed at all.
-        return [*(family for family in self._collect_host() if family.samples), *fast]
+        return [*(family for family in host if family.samples), *fast, self._error_family()]
+
+    def errors(self) -> dict[str, int]:
+        """``hami_trio_collector_errors_total`` by phase (a copy)."""
+        with self._errors_lock:
+            return dict(self._errors)
+
+    def _error_family(self) -> CounterMetricFamily:
+        family = CounterMetricFamily(
+            "hami_trio_collector_errors",
+            "Parts of a scrape dropped because of the data they hold (tenant input), by phase",
+            labels=("phase",),
+        )
+        for phase, count in self.errors().items():
+            family.add_metric((phase,), count)
+        return family
+
+    def _failed(self, phase: str, key: Hashable, msg: str, *args: object) -> None:
+        """Count one dropped part and warn (rate-limited per ``key``)."""
+        with self._errors_lock:
+            self._errors[phase] += 1
+        self._warnings.log(_log, logging.WARNING, key, msg, *args)
 
     def _pod_for(self, container: ContainerView) -> PodInfo | None:
         pod = self._pods.lookup(container.pod_uid)
@@ -470,26 +548,42 @@ class VGpuCollector(Collector):
     def _collect_containers(self, families: _Families) -> None:
         now = int(self._clock())
         for container in list(self._monitor.containers().values()):
-            snapshot = container.snapshot
-            if snapshot is None:
+            checkpoint = families.checkpoint()
+            try:
+                self._collect_container(families, container, now)
+            except Exception as exc:
+                families.rollback(checkpoint)
+                self._failed(
+                    "container",
+                    ("container", container.pod_uid, container.container_name),
+                    "container %s of pod %s: left out of /metrics: %s: %s",
+                    container.container_name,
+                    container.pod_uid,
+                    type(exc).__name__,
+                    exc,
+                )
+
+    def _collect_container(self, families: _Families, container: ContainerView, now: int) -> None:
+        snapshot = container.snapshot
+        if snapshot is None:
+            return
+        pod = self._pod_for(container)
+        if pod is None:
+            return
+        name = container.container_name
+        owner = (pod.namespace, pod.name, name)
+        families.blocked.add(
+            owner,
+            _render_labels(("namespace", "pod", "container"), owner),
+            1 if snapshot.recent_kernel < 0 else 0,
+        )
+        last = _int64(snapshot.last_kernel_time)
+        elapsed = max(now - last, 0) if last > 0 else None
+        for device in snapshot.devices:
+            uuid = device.uuid.label
+            if uuid is None:
                 continue
-            pod = self._pod_for(container)
-            if pod is None:
-                continue
-            name = container.container_name
-            owner = (pod.namespace, pod.name, name)
-            families.blocked.add(
-                owner,
-                _render_labels(("namespace", "pod", "container"), owner),
-                1 if snapshot.recent_kernel < 0 else 0,
-            )
-            last = _int64(snapshot.last_kernel_time)
-            elapsed = max(now - last, 0) if last > 0 else None
-            for device in snapshot.devices:
-                uuid = device.uuid.label
-                if uuid is None:
-                    continue
-                families.add_device((*owner, str(device.index), uuid), device, elapsed)
+            families.add_device((*owner, str(device.index), uuid), device, elapsed)
 
     def _allocations(self, pod: PodInfo) -> tuple[MigAllocation, ...] | None:
         raw = pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, "")
@@ -499,17 +593,17 @@ class VGpuCollector(Collector):
                 return cached[1]
         try:
             decoded: tuple[MigAllocation, ...] | None = decode_mig_allocations(raw)
-        except MigAnnotationError as exc:
+        except Exception as exc:  # MigAnnotationError, or a decoder bug: this pod only
             decoded = None
-            self._mig_warnings.log(
-                _log,
-                logging.WARNING,
-                (pod.uid, raw),
-                "pod %s/%s: ignoring annotation %s: %s",
+            self._failed(
+                "mig",
+                ("mig", pod.uid),
+                "pod %s/%s: ignoring annotation %s (%d characters): %s",
                 pod.namespace,
                 pod.name,
                 MIG_ALLOCATIONS_ANNOTATION,
-                exc,
+                len(raw),
+                exc if isinstance(exc, MigAnnotationError) else f"{type(exc).__name__}: {exc}",
             )
         with self._mig_lock:
             self._mig_cache[pod.uid] = (raw, decoded)
@@ -518,61 +612,92 @@ class VGpuCollector(Collector):
     def _collect_mig(self, families: _Families) -> None:
         if self._all_pods is None:
             return
-        pods = self._all_pods()
-        with self._mig_lock:
-            for uid in [uid for uid in self._mig_cache if uid not in pods]:
-                del self._mig_cache[uid]
-        for pod in pods.values():
-            if self._kubernetes and pod.labels.get(NODE_LABEL) != self._node:
+        try:
+            pods = self._all_pods()
+            with self._mig_lock:
+                for uid in [uid for uid in self._mig_cache if uid not in pods]:
+                    del self._mig_cache[uid]
+        except Exception as exc:
+            self._failed(
+                "pods",
+                "pods",
+                "MIG rows left out: cannot list pods: %s: %s",
+                type(exc).__name__,
+                exc,
+            )
+            return
+        for pod in list(pods.values()):
+            mig_rows, legacy_rows = len(families.mig), len(families.legacy_mig)
+            try:
+                self._collect_pod_mig(families, pod)
+            except Exception as exc:
+                families.mig.truncate(mig_rows)
+                families.legacy_mig.truncate(legacy_rows)
+                self._failed(
+                    "mig",
+                    ("mig", pod.uid),
+                    "pod %s/%s: MIG rows left out of /metrics: %s: %s",
+                    pod.namespace,
+                    pod.name,
+                    type(exc).__name__,
+                    exc,
+                )
+
+    def _collect_pod_mig(self, families: _Families, pod: PodInfo) -> None:
+        if self._kubernetes and pod.labels.get(NODE_LABEL) != self._node:
+            return
+        allocations = self._allocations(pod)
+        for allocation in allocations or ():
+            if not allocation.realised:
                 continue
-            allocations = self._allocations(pod)
-            for allocation in allocations or ():
-                if not allocation.realised:
-                    continue
-                name = mig_container_name(
-                    pod.init_containers, pod.containers, allocation.container_index
+            name = mig_container_name(
+                pod.init_containers, pod.containers, allocation.container_index
+            )
+            if name is None:
+                self._warnings.log(
+                    _log,
+                    logging.WARNING,
+                    ("mig-index", pod.uid),
+                    "pod %s/%s: MIG allocation container index %d is out of range",
+                    pod.namespace,
+                    pod.name,
+                    allocation.container_index,
                 )
-                if name is None:
-                    self._mig_warnings.log(
-                        _log,
-                        logging.WARNING,
-                        (pod.uid, "index", allocation.container_index),
-                        "pod %s/%s: MIG allocation container index %d is out of range",
-                        pod.namespace,
-                        pod.name,
-                        allocation.container_index,
-                    )
-                    continue
-                ids = (pod.namespace, pod.name, name, str(allocation.device_index))
-                values = (
-                    *ids,
-                    allocation.gpu_uuid,
-                    allocation.mig_uuid,
-                    allocation.profile,
-                    str(allocation.gpu_instance_id),
-                    str(allocation.compute_instance_id),
-                    ZONE,
-                )
-                families.mig.add(values, _render_labels(families.mig.labelnames, values), 1)
-                if families.legacy:
-                    old = (*ids, allocation.gpu_uuid, str(allocation.gpu_instance_id), ZONE)
-                    families.legacy_mig.add(
-                        old, _render_labels(families.legacy_mig.labelnames, old), 1
-                    )
+                continue
+            ids = (pod.namespace, pod.name, name, str(allocation.device_index))
+            values = (
+                *ids,
+                allocation.gpu_uuid,
+                allocation.mig_uuid,
+                allocation.profile,
+                str(allocation.gpu_instance_id),
+                str(allocation.compute_instance_id),
+                ZONE,
+            )
+            families.mig.add(values, _render_labels(families.mig.labelnames, values), 1)
+            if families.legacy:
+                old = (*ids, allocation.gpu_uuid, str(allocation.gpu_instance_id), ZONE)
+                families.legacy_mig.add(old, _render_labels(families.legacy_mig.labelnames, old), 1)
 
     def _collect_host(self) -> list[Metric]:
         if self._host is None:
             return []
         # Release NVML while the MIG lock holds the monitor (the daemon also pauses the
         # sampler promptly when the lock appears; this covers scrapes in between).
-        if self._monitor.paused:
-            self._host.pause()
+        try:
+            if self._monitor.paused:
+                self._host.pause()
+                return []
+            if self._host.paused:
+                self._host.resume()
+            return host_gpu_families(
+                self._host.sample(), self._node, legacy=self._legacy, const_labels=[("zone", ZONE)]
+            )
+        except Exception as exc:
+            self._failed(
+                "host", "host", "host GPU metrics left out: %s: %s", type(exc).__name__, exc
+            )
             return []
-        if self._host.paused:
-            self._host.resume()
-        return host_gpu_families(
-            self._host.sample(), self._node, legacy=self._legacy, const_labels=[("zone", ZONE)]
-        )
 
 
 class BuildInfoCollector(Collector):

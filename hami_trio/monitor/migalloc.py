@@ -20,6 +20,23 @@ This module accepts exactly what HAMi's Go decoder (``DecodeMigAllocations`` on 
 
 Any error rejects the whole annotation (:class:`MigAnnotationError`): the collector skips
 that pod's MIG rows with one warning, as upstream does.
+
+Whoever creates a pod writes this annotation (no GPU request is needed), so beyond Go's rules
+the decoder bounds what one pod can add and refuses what cannot be exported, always with
+:class:`MigAnnotationError` and never with another exception:
+
+- a value longer than :data:`MAX_ANNOTATION_BYTES` (64 KiB; a full node of 16 GPUs with 7 MIG
+  devices each is about 25 KB) is refused before it is parsed;
+- nesting too deep for the JSON parser (Python raises ``RecursionError`` there) is refused;
+- more than :data:`MAX_ALLOCATIONS` (128) allocations are refused (16 GPUs x 7 MIG devices is
+  112, the most any node can give one pod);
+- ``gpuUUID``, ``profile`` and ``migUUID`` longer than :data:`MAX_FIELD_CHARS` (128; real ones
+  are 40 characters or fewer) are refused: they become label values;
+- a string holding a lone UTF-16 surrogate (the JSON escape ``\\ud800`` without its pair) is
+  refused: it cannot be encoded as UTF-8, so it could not be exported (Go would replace it
+  with U+FFFD; no real UUID or profile contains one).
+
+Error messages never copy a value longer than a few dozen characters.
 """
 
 from __future__ import annotations
@@ -30,6 +47,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 __all__ = [
+    "MAX_ALLOCATIONS",
+    "MAX_ANNOTATION_BYTES",
+    "MAX_FIELD_CHARS",
     "MIG_ALLOCATIONS_ANNOTATION",
     "MigAllocation",
     "MigAnnotationError",
@@ -39,6 +59,13 @@ __all__ = [
 
 #: The pod annotation HAMi's scheduler and device plugin write.
 MIG_ALLOCATIONS_ANNOTATION: Final = "hami.io/vgpu-mig-allocations"
+
+#: The longest annotation value decoded, in UTF-8 bytes (longer ones are refused unparsed).
+MAX_ANNOTATION_BYTES: Final = 64 * 1024
+#: The most allocations one pod's annotation may list.
+MAX_ALLOCATIONS: Final = 128
+#: The longest ``gpuUUID``, ``profile`` or ``migUUID`` accepted (they become label values).
+MAX_FIELD_CHARS: Final = 128
 
 _INT64: Final = (-(1 << 63), (1 << 63) - 1)
 _UINT32: Final = (0, (1 << 32) - 1)
@@ -103,18 +130,51 @@ def _fields(
     return values
 
 
+def _show(value: Any) -> str:
+    """A short description of a JSON value for an error message (never the whole value)."""
+    if isinstance(value, _Object):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        text = value if len(value) <= 40 else value[:40] + "..."
+        return json.dumps(text)  # escapes control characters and lone surrogates
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    text = repr(value)  # int or float; a long integer is cut
+    return text if len(text) <= 40 else f"a number of {len(text)} digits"
+
+
 def _integer(value: Any, bounds: tuple[int, int], where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise MigAnnotationError(f"{where}: expected an integer, got {json.dumps(value)}")
+        raise MigAnnotationError(f"{where}: expected an integer, got {_show(value)}")
     if not bounds[0] <= value <= bounds[1]:
-        raise MigAnnotationError(f"{where}: {value} is out of range")
+        raise MigAnnotationError(f"{where}: {_show(value)} is out of range")
     return value
 
 
 def _string(value: Any, where: str) -> str:
     if not isinstance(value, str):
-        raise MigAnnotationError(f"{where}: expected a string, got {json.dumps(value)}")
+        raise MigAnnotationError(f"{where}: expected a string, got {_show(value)}")
+    if len(value) > MAX_FIELD_CHARS:
+        raise MigAnnotationError(
+            f"{where}: {len(value)} characters, more than the {MAX_FIELD_CHARS} allowed"
+        )
+    if not _encodable(value):
+        raise MigAnnotationError(
+            f"{where}: {_show(value)} holds a lone UTF-16 surrogate (not valid Unicode)"
+        )
     return value
+
+
+def _encodable(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _placement(value: Any, where: str) -> tuple[int, int]:
@@ -203,18 +263,35 @@ def decode_mig_allocations(raw: str | None) -> tuple[MigAllocation, ...]:
     Raises:
         MigAnnotationError: the value is not a valid allocation list.
     """
+    if raw is None:
+        return ()
+    if not isinstance(raw, str):
+        raise MigAnnotationError(f"expected a string value, got {type(raw).__name__}")
     if not raw:
         return ()
+    # Characters first: the byte count is at least that, and counting bytes encodes.
+    if len(raw) > MAX_ANNOTATION_BYTES or (
+        len(raw.encode("utf-8", "surrogatepass")) > MAX_ANNOTATION_BYTES
+    ):
+        raise MigAnnotationError(
+            f"{len(raw)} characters, longer than the {MAX_ANNOTATION_BYTES} bytes allowed"
+        )
     try:
         doc = json.loads(raw, parse_constant=_reject_constant, object_pairs_hook=_Object)
     except MigAnnotationError:
         raise
+    except RecursionError as exc:
+        raise MigAnnotationError("not JSON: nested too deeply") from exc
     except ValueError as exc:
         raise MigAnnotationError(f"not JSON: {exc}") from exc
     if doc is None:
         return ()
     if not isinstance(doc, list) or isinstance(doc, _Object):
         raise MigAnnotationError("expected a JSON array of allocations")
+    if len(doc) > MAX_ALLOCATIONS:
+        raise MigAnnotationError(
+            f"{len(doc)} allocations, more than the {MAX_ALLOCATIONS} one pod may have"
+        )
     allocations = tuple(_allocation(value, index) for index, value in enumerate(doc))
     seen: set[tuple[int, int]] = set()
     for allocation in allocations:

@@ -155,11 +155,26 @@ class WatchEvent:
     message: str = ""
 
 
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+
+
+def _text(value: str) -> str:
+    """``value`` with lone surrogates replaced by U+FFFD, as Go's JSON decoder does.
+
+    A JSON string may escape half a UTF-16 pair (``"\\ud800"``); Python keeps it as a code
+    point that cannot be encoded as UTF-8, which would break every later use (labels, logs).
+    The API server, written in Go, would never send one; we see what it would have stored.
+    """
+    if value.isascii() or _SURROGATE.search(value) is None:
+        return value
+    return _SURROGATE.sub("\ufffd", value)
+
+
 def _str_map(value: object, prefixes: tuple[str, ...] | None) -> dict[str, str]:
     if not isinstance(value, dict):
         return {}
     return {
-        key: item
+        _text(key): _text(item)
         for key, item in value.items()
         if isinstance(key, str)
         and isinstance(item, str)
@@ -171,7 +186,7 @@ def _names(value: object) -> tuple[str, ...]:
     if not isinstance(value, list):
         return ()
     return tuple(
-        entry["name"]
+        _text(entry["name"])
         for entry in value
         if isinstance(entry, dict) and isinstance(entry.get("name"), str)
     )
@@ -201,7 +216,9 @@ def pod_info_from_object(
     Returns:
         The pod's UID, namespace, name, container and init container names, annotations and
         labels.  Malformed entries (a container without a string name, a non-string label) are
-        left out.
+        left out; a field of the wrong type reads as empty; lone surrogates in any string
+        become U+FFFD (see :func:`_text`).  Only a missing UID fails: without it the pod
+        cannot be named, and no container directory can belong to it.
 
     Raises:
         WatchDecodeError: not an object, no metadata, or no UID.
@@ -215,9 +232,9 @@ def pod_info_from_object(
     spec = cast(dict[str, Any], obj).get("spec")
     spec = spec if isinstance(spec, dict) else {}
     return PodInfo(
-        uid=uid,
-        namespace=namespace if isinstance(namespace, str) else "",
-        name=name if isinstance(name, str) else "",
+        uid=_text(uid),
+        namespace=_text(namespace) if isinstance(namespace, str) else "",
+        name=_text(name) if isinstance(name, str) else "",
         containers=_names(spec.get("containers")),
         init_containers=_names(spec.get("initContainers")),
         annotations=_str_map(meta.get("annotations"), annotation_prefixes),
@@ -230,19 +247,27 @@ def _load_json(data: bytes | str, what: str) -> Any:
         return json.loads(data)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise WatchDecodeError(f"{what} is not JSON: {exc}") from exc
+    except RecursionError as exc:  # nesting deeper than the parser's stack
+        raise WatchDecodeError(f"{what} is not JSON: nested too deeply") from exc
 
 
 def parse_pod_list(
-    body: bytes | str, *, annotation_prefixes: tuple[str, ...] | None = ("hami.io/",)
+    body: bytes | str,
+    *,
+    annotation_prefixes: tuple[str, ...] | None = ("hami.io/",),
+    on_skip: Callable[[int, WatchDecodeError], None] | None = None,
 ) -> tuple[str, tuple[PodInfo, ...]]:
     """Decode a ``PodList`` response.
+
+    An item that is not a pod with a UID is left out - ``on_skip(index, error)`` is told -
+    and the other pods are kept: one bad object costs itself, never the list.  (A pod without
+    a UID cannot own a container directory, so leaving it out deletes nothing.)
 
     Returns:
         The list's ``metadata.resourceVersion`` (where the watch resumes) and its pods.
 
     Raises:
-        WatchDecodeError: not JSON, no ``items`` list, no resource version, or a pod without
-            a UID.
+        WatchDecodeError: not JSON, no ``items`` list or no resource version.
     """
     doc = _load_json(body, "pod list")
     meta = _metadata(doc)
@@ -254,10 +279,14 @@ def parse_pod_list(
         items = []
     if not isinstance(items, list):
         raise WatchDecodeError("pod list items is not a list")
-    pods = tuple(
-        pod_info_from_object(item, annotation_prefixes=annotation_prefixes) for item in items
-    )
-    return rv, pods
+    pods: list[PodInfo] = []
+    for index, item in enumerate(items):
+        try:
+            pods.append(pod_info_from_object(item, annotation_prefixes=annotation_prefixes))
+        except WatchDecodeError as exc:
+            if on_skip is not None:
+                on_skip(index, exc)
+    return _text(rv), tuple(pods)
 
 
 def parse_status(body: bytes | str) -> tuple[int | None, str]:
@@ -269,16 +298,16 @@ def parse_status(body: bytes | str) -> tuple[int | None, str]:
     """
     try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         doc = None
     if not isinstance(doc, dict):
         text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
-        return None, text.strip()[:200]
+        return None, _text(text.strip()[:200])
     code = doc.get("code")
     reason = doc.get("reason", "")
     message = doc.get("message", "")
-    text = ": ".join(str(part) for part in (reason, message) if part)
-    return (code if isinstance(code, int) and not isinstance(code, bool) else None), text
+    text = ": ".join(str(part)[:1000] for part in (reason, message) if part)
+    return (code if isinstance(code, int) and not isinstance(code, bool) else None), _text(text)
 
 
 def parse_watch_event(
@@ -295,21 +324,29 @@ def parse_watch_event(
         raise WatchDecodeError("watch event is not a JSON object")
     kind = doc.get("type")
     obj = doc.get("object")
+    if not isinstance(kind, str):
+        raise WatchDecodeError(f"watch event type is not a string: {type(kind).__name__}")
     if kind in _OBJECT_EVENTS:
         pod = pod_info_from_object(obj, annotation_prefixes=annotation_prefixes)
         rv = _metadata(obj).get("resourceVersion")
         return WatchEvent(
-            type=cast(EventType, kind), resource_version=rv if isinstance(rv, str) else "", pod=pod
+            type=cast(EventType, kind),
+            resource_version=_text(rv) if isinstance(rv, str) else "",
+            pod=pod,
         )
     if kind == "BOOKMARK":
         rv = _metadata(obj).get("resourceVersion")
         if not isinstance(rv, str) or not rv:
             raise WatchDecodeError("bookmark without metadata.resourceVersion")
-        return WatchEvent(type="BOOKMARK", resource_version=rv)
+        return WatchEvent(type="BOOKMARK", resource_version=_text(rv))
     if kind == "ERROR":
-        code, message = parse_status(json.dumps(obj))
+        try:
+            status = json.dumps(obj)
+        except (RecursionError, ValueError):  # deeper than the encoder's stack
+            status = ""
+        code, message = parse_status(status)
         return WatchEvent(type="ERROR", code=code, message=message)
-    raise WatchDecodeError(f"unknown watch event type {kind!r}")
+    raise WatchDecodeError(f"unknown watch event type {kind[:40]!r}")
 
 
 def apply_watch_event(pods: Mapping[str, PodInfo], event: WatchEvent) -> dict[str, PodInfo]:
@@ -689,7 +726,9 @@ class _Watcher:
             _code, message = parse_status(body)
             raise _Retry(f"HTTP {response.status} {message}".rstrip())
         try:
-            rv, pods = parse_pod_list(body, annotation_prefixes=self._settings.annotation_prefixes)
+            rv, pods = parse_pod_list(
+                body, annotation_prefixes=self._settings.annotation_prefixes, on_skip=self._skip
+            )
         except WatchDecodeError as exc:
             raise _Retry(str(exc)) from exc
         first = not self._source.ready
@@ -745,6 +784,11 @@ class _Watcher:
                 response.close()
         except _TRANSIENT as exc:
             raise _Retry(f"{type(exc).__name__}: {exc}") from exc
+
+    def _skip(self, index: int, exc: WatchDecodeError) -> None:
+        self._failures.log(
+            _log, logging.WARNING, "skip", "pod watch: leaving out list item %d: %s", index, exc
+        )
 
     def _handle(self, line: bytes) -> None:
         try:

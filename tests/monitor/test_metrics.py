@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import (
@@ -26,6 +28,7 @@ from hami_trio.monitor.metrics import BuildInfoCollector, VGpuCollector
 from hami_trio.monitor.podsource import PodInfo, StaticPodSource
 from tests.monitor.fake_nvml import FakeGpu, FakeNvml
 from tests.monitor.promlint import lint
+from tests.strategies import metrics as st_metrics
 
 UUID = "GPU-12345678-1234-1234-1234-123456789012"  # 40 characters
 NOW = 1_700_000_100
@@ -159,6 +162,8 @@ def test_container_metrics_match_upstream() -> None:
     assert families["hami_vgpu_memory_used_bytes"].documentation == (
         "vGPU device memory usage in bytes"
     )
+    errors = families.pop("hami_trio_collector_errors")
+    assert errors.type == "counter"
     assert all(f.type == "gauge" for f in families.values())
     assert samples(text, "hami_trio_container_blocked") == [
         ({"namespace": "team-a", "pod": "trainer-0", "container": "worker"}, 0)
@@ -544,3 +549,122 @@ def test_fast_rendering_equals_prometheus_client(openmetrics: bool) -> None:
     assert {f.name for f in text_string_to_metric_families(filtered.decode())} == {
         "hami_vgpu_memory_used_bytes"
     }
+
+
+# Tenant data never fails a scrape -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExplodingDevice:
+    """A device whose rows cannot be built (stands for any failure inside one container)."""
+
+    index: int
+    uuid: FakeUUID = FakeUUID(UUID)
+
+    @property
+    def memory_total(self) -> int:
+        raise RuntimeError("boom")
+
+
+def errors(text: str) -> dict[str, float]:
+    return {
+        labels["phase"]: value
+        for labels, value in samples(text, "hami_trio_collector_errors_total")
+    }
+
+
+def test_a_failing_container_drops_only_its_own_rows(caplog: pytest.LogCaptureFixture) -> None:
+    good = FakeContainer("uid-1", "worker")
+    # Its first device renders, then the second raises: nothing of it may remain.
+    devices = (FakeDevice(0), ExplodingDevice(1))
+    bad = FakeContainer("uid-2", "worker", FakeSnapshot(devices))  # type: ignore[arg-type]
+    pods = [hami_pod(), hami_pod("uid-2", name="hostile")]
+    mig = collector(FakeMonitor([bad, good]), pods, legacy=True)
+    with caplog.at_level(logging.WARNING, logger="hami_trio.monitor.metrics"):
+        text = scrape(mig)
+        text_again = scrape(mig)
+    for name in (
+        "hami_vgpu_memory_used_bytes",
+        "hami_trio_container_blocked",
+        "Device_memory_desc_of_container",
+    ):
+        assert {labels.get("pod", labels.get("podname")) for labels, _ in samples(text, name)} == {
+            "trainer-0"
+        }, name
+    assert errors(text) == {"container": 1, "mig": 0, "pods": 0, "host": 0}
+    assert errors(text_again)["container"] == 2
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == ["container worker of pod uid-2: left out of /metrics: RuntimeError: boom"]
+
+
+def test_surrogates_in_names_cost_only_that_container() -> None:
+    pods = [hami_pod(), hami_pod("uid-2", name="bad\udcff", containers=("worker",))]
+    mig = collector(
+        FakeMonitor([FakeContainer("uid-1", "worker"), FakeContainer("uid-2", "worker")]), pods
+    )
+    registry = CollectorRegistry()
+    registry.register(mig)
+    text = render_metrics(registry, "", [])[0].decode("utf-8")  # what the endpoint encodes
+    assert {labels["pod"] for labels, _ in samples(text, "hami_vgpu_memory_used_bytes")} == {
+        "trainer-0"
+    }
+    assert errors(text)["container"] == 1
+
+
+def test_failing_sources_cost_only_their_part() -> None:
+    class BrokenNvml(FakeNvml):
+        def nvmlDeviceGetCount(self) -> int:
+            raise RuntimeError("nvml gone")
+
+    def no_pods() -> Mapping[str, PodInfo]:
+        raise RuntimeError("no pods")
+
+    source = Pods([hami_pod()])
+    mig = VGpuCollector(
+        FakeMonitor([FakeContainer("uid-1", "worker")]),
+        source,
+        node_name="node-a",
+        all_pods=no_pods,
+        host=HostGpuSampler(BrokenNvml(gpus=[FakeGpu()])),
+        wall_clock=lambda: NOW,
+    )
+    text = scrape(mig)
+    assert samples(text, "hami_vgpu_memory_used_bytes") == [(LABELS, 8000)]
+    assert errors(text) == {"container": 0, "mig": 0, "pods": 1, "host": 1}
+
+
+# Tenants as (pod name, container name, MIG annotation); the fuzz target reuses this.
+TENANTS = st.lists(
+    st.tuples(
+        st_metrics.hostile_text(), st_metrics.hostile_text(), st_metrics.hostile_mig_annotations()
+    ),
+    max_size=4,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(TENANTS)
+def test_no_tenant_data_fails_a_scrape(tenants: list[tuple[str, str, str]]) -> None:
+    good = mig_pod("uid-good", [allocation(1, 0)])
+    pods = [good]
+    containers = [FakeContainer("uid-good", "main-a")]
+    for index, (name, container, annotation) in enumerate(tenants):
+        uid = f"uid-{index}"
+        pods.append(mig_pod(uid, annotation, name=name, containers=(container,)))
+        containers.append(FakeContainer(uid, container))
+    registry = CollectorRegistry()
+    registry.register(collector(FakeMonitor(containers), pods))
+    text = render_metrics(registry, "", [])[0].decode("utf-8")
+    mine = [
+        labels
+        for labels, _ in samples(text, "hami_vgpu_memory_used_bytes")
+        if labels["pod"] == "trainer-0"
+    ]
+    assert [labels["container"] for labels in mine] == ["main-a"]
+    rows = samples(text, "hami_mig_device_info")
+    assert [labels["mig_uuid"] for labels, _ in rows if labels["pod"] == "trainer-0"] == ["MIG-1-0"]
+    per_pod: dict[str, int] = {}
+    for labels, _ in rows:
+        per_pod[labels["pod"]] = per_pod.get(labels["pod"], 0) + 1
+        assert all(len(value) <= 256 for value in labels.values())
+    assert all(count <= 128 for count in per_pod.values())

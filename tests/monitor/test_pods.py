@@ -119,12 +119,66 @@ def test_parse_pod_list() -> None:
         b'{"items": []}',
         b'{"metadata": {"resourceVersion": ""}, "items": []}',
         b'{"metadata": {"resourceVersion": "1"}, "items": {}}',
-        b'{"metadata": {"resourceVersion": "1"}, "items": [{"metadata": {}}]}',
+        b'{"metadata": {"resourceVersion": "1"}, "items": ' + b"[" * 100_000 + b"]" * 100_000,
     ],
 )
 def test_parse_pod_list_rejects_malformed(body: bytes) -> None:
     with pytest.raises(WatchDecodeError):
         parse_pod_list(body)
+
+
+def test_parse_pod_list_leaves_out_bad_items_only() -> None:
+    good = {"metadata": {"uid": "a", "name": "a"}}
+    other = {"metadata": {"uid": "b", "name": "b"}}
+    body = json.dumps(
+        {
+            "metadata": {"resourceVersion": "7"},
+            "items": [good, {"metadata": {}}, 5, {"metadata": {"uid": 3}}, other],
+        }
+    )
+    skipped: list[tuple[int, str]] = []
+    rv, pods = parse_pod_list(body, on_skip=lambda i, exc: skipped.append((i, str(exc))))
+    assert rv == "7"
+    assert [pod.uid for pod in pods] == ["a", "b"]
+    assert skipped == [
+        (1, "pod has no metadata.uid"),
+        (2, "expected a JSON object, got int"),
+        (3, "pod has no metadata.uid"),
+    ]
+    assert parse_pod_list(body)[1] == pods  # without a callback, the same
+
+
+def test_pod_decoder_replaces_lone_surrogates_like_go() -> None:
+    # The escapes are JSON text: json.loads turns them into lone surrogates.
+    raw = (
+        '{"metadata": {"uid": "u\\ud800", "namespace": "ns\\udcff", "name": "p\\ud800",'
+        ' "labels": {"k\\ud800": "v\\udfff"},'
+        ' "annotations": {"hami.io/x": "\\ud800\\ud83d\\ude00"}},'
+        ' "spec": {"containers": [{"name": "c\\ud800"}], "initContainers": [{"name": 1}]}}'
+    )
+    pod = pod_info_from_object(json.loads(raw))
+    assert pod == PodInfo(
+        uid="u\ufffd",
+        namespace="ns\ufffd",
+        name="p\ufffd",
+        containers=("c\ufffd",),
+        init_containers=(),
+        labels={"k\ufffd": "v\ufffd"},
+        annotations={"hami.io/x": "\ufffd\U0001f600"},  # a real pair stays what it spells
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"type": [], "object": {}}',
+        b'{"type": {"a": 1}, "object": {}}',
+        b'{"type": "ADDED", "object": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    ],
+)
+def test_parse_watch_event_rejects_wrong_types_and_deep_nesting(line: bytes) -> None:
+    with pytest.raises(WatchDecodeError):
+        parse_watch_event(line)
 
 
 def test_parse_watch_events() -> None:
@@ -632,3 +686,53 @@ async def test_cancelled_watch_shuts_down_cleanly(fake: FakeKubeApi, access: Kub
 
 def _living_tasks() -> int:
     return trio.lowlevel.current_statistics().tasks_living
+
+
+def _exportable(text: str) -> None:
+    assert isinstance(text, str)
+    text.encode("utf-8")  # no lone surrogate reaches labels or logs
+
+
+def _check_pod(pod: PodInfo) -> None:
+    for text in (pod.uid, pod.namespace, pod.name, *pod.containers, *pod.init_containers):
+        _exportable(text)
+    for key, value in (*pod.labels.items(), *pod.annotations.items()):
+        _exportable(key)
+        _exportable(value)
+    assert pod.uid
+    assert all(key.startswith("hami.io/") for key in pod.annotations)
+
+
+@given(st_metrics.pod_objects())
+def test_any_pod_object_decodes_to_exportable_text_or_raises_its_error(obj: object) -> None:
+    try:
+        pod = pod_info_from_object(obj)
+    except WatchDecodeError:
+        return
+    _check_pod(pod)
+
+
+@given(st_metrics.pod_lists())
+def test_a_bad_pod_costs_itself_never_the_list(body: str) -> None:
+    skipped: list[int] = []
+    rv, pods = parse_pod_list(body, on_skip=lambda index, exc: skipped.append(index))
+    assert rv == "9"
+    assert len(pods) + len(skipped) == len(json.loads(body)["items"])
+    for pod in pods:
+        _check_pod(pod)
+
+
+@given(st_metrics.pod_objects(), st_metrics.hostile_text())
+def test_any_watch_event_with_a_hostile_pod_decodes_or_raises_its_error(
+    obj: object, kind: str
+) -> None:
+    for event_type in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR", kind):
+        line = json.dumps({"type": event_type, "object": obj}).encode()
+        try:
+            event = parse_watch_event(line)
+        except WatchDecodeError:
+            continue
+        if event.pod is not None:
+            _check_pod(event.pod)
+        _exportable(event.resource_version)
+        _exportable(event.message)

@@ -13,7 +13,16 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-__all__ = ["json_values", "mig_allocation_objects", "mig_annotations", "watch_lines"]
+__all__ = [
+    "hostile_mig_annotations",
+    "hostile_text",
+    "json_values",
+    "mig_allocation_objects",
+    "mig_annotations",
+    "pod_lists",
+    "pod_objects",
+    "watch_lines",
+]
 
 _KEYS = [
     "containerIndex",
@@ -94,4 +103,114 @@ def watch_lines() -> st.SearchStrategy[bytes]:
         events
         | json_values().map(lambda value: json.dumps(value).encode())
         | st.binary(max_size=40)
+    )
+
+
+def hostile_text(max_size: int = 12) -> st.SearchStrategy[str]:
+    """Text as a hostile writer makes it: controls, lone surrogates, separators, plain."""
+    return st.lists(
+        st.characters()
+        | st.characters(min_codepoint=0, max_codepoint=0xA0)
+        | st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+        | st.sampled_from(["\u2028", "\ufffd", "\U0001f600"]),
+        max_size=max_size,
+    ).map("".join)
+
+
+def _realised(index: int, gpu: str = "GPU-a", mig: str = "MIG-a", profile: str = "1g.10gb") -> str:
+    return json.dumps(
+        {
+            "containerIndex": 0,
+            "deviceIndex": index,
+            "gpuUUID": gpu,
+            "profile": profile,
+            "placement": {"start": 0, "size": 1},
+            "migUUID": f"{mig}-{index}",
+            "gpuInstanceID": 1,
+            "computeInstanceID": 0,
+        }
+    )
+
+
+def hostile_mig_annotations() -> st.SearchStrategy[str]:
+    """Annotation values a pod's creator may write to hurt the collector.
+
+    Deep nesting (``RecursionError`` in the parser), escapes of lone surrogates, long label
+    values, long lists, huge numbers and sizes around the decoder's caps, beside the
+    plain near misses of :func:`mig_annotations`.
+    """
+    nesting = st.builds(
+        lambda depth, opener, tail: opener * depth + tail,
+        st.integers(1, 200_000),
+        st.sampled_from(["[", '[{"a":', '{"a":[']),
+        st.sampled_from(["", "]", "1"]),
+    )
+    escapes = st.builds(
+        lambda field, escape: (
+            _realised(0).replace('"GPU-a"', f'"{escape}"')
+            if field == "gpuUUID"
+            else _realised(0).replace('"1g.10gb"', f'"{escape}"')
+        ),
+        st.sampled_from(["gpuUUID", "profile"]),
+        st.sampled_from(["\\ud800", "x\\udfff", "\\ud83d\\ude00", "\\u0000", "\\n\\u001b"]),
+    )
+    long_fields = st.builds(
+        lambda size, field: _realised(0, **{field: "x" * size}),
+        st.integers(100, 200_000),
+        st.sampled_from(["gpu", "mig", "profile"]),
+    )
+    long_lists = st.builds(
+        lambda count: "[" + ",".join(_realised(i) for i in range(count)) + "]",
+        st.integers(120, 400),
+    )
+    numbers = st.builds(
+        lambda digits: _realised(0).replace('"deviceIndex": 0', f'"deviceIndex": {"9" * digits}'),
+        st.integers(1, 6000),
+    )
+    padded = st.builds(lambda size: "[" + " " * size + "]", st.integers(65_000, 66_000))
+    return (
+        mig_annotations()
+        | nesting
+        | escapes
+        | long_fields
+        | long_lists
+        | numbers
+        | padded
+        | hostile_text(40)
+    )
+
+
+def pod_objects() -> st.SearchStrategy[Any]:
+    """Pod objects as a list or watch event carries them: plausible, hostile, or not pods."""
+    text = hostile_text() | st.sampled_from(["", "main", "hami.io/vgpu-node", "node-a"])
+    anything = json_values(3) | text
+    string_maps = st.dictionaries(text | st.sampled_from(["hami.io/x"]), text, max_size=3)
+    containers = st.lists(
+        st.dictionaries(st.sampled_from(["name", "image"]), anything, max_size=2) | anything,
+        max_size=3,
+    )
+    metadata = st.fixed_dictionaries(
+        {},
+        optional={
+            "uid": text | anything,
+            "namespace": text | anything,
+            "name": text | anything,
+            "labels": string_maps | anything,
+            "annotations": string_maps | anything,
+            "resourceVersion": text | anything,
+        },
+    )
+    spec = st.fixed_dictionaries(
+        {}, optional={"containers": containers | anything, "initContainers": containers}
+    )
+    pods = st.fixed_dictionaries(
+        {"metadata": metadata | anything}, optional={"spec": spec | anything}
+    )
+    return pods | anything
+
+
+def pod_lists() -> st.SearchStrategy[str]:
+    """``PodList`` bodies (JSON text) with hostile items among plausible ones."""
+    return st.lists(pod_objects(), max_size=5).map(
+        lambda items: json.dumps({"metadata": {"resourceVersion": "9"}, "items": items})
     )
