@@ -296,7 +296,9 @@ class _Agent:
         bound: BindAddress = await nursery.start(
             self.supervise,
             "metrics",
-            partial(serve_http, config.metrics_bind, registry, self.checks),
+            partial(
+                serve_http, config.metrics_bind, registry, self.checks, limits=config.http_limits
+            ),
         )
         await nursery.start(
             self.supervise, "nvml", partial(serve_nvml_release, sampler, lambda: monitor.paused)
