@@ -244,7 +244,7 @@ class _Agent:
         nvml: NvmlLibrary | None,
         task_status: trio.TaskStatus[AgentHandle],
     ) -> None:
-        # Imported here: pulling in kubernetes-asyncio, aiohttp and hypercorn costs about half
+        # Imported here: pulling in kubernetes-asyncio and aiohttp costs about half
         # a second, which every other hami-trio command would pay at start-up.
         from hami_trio.broker.server import serve_broker
         from hami_trio.monitor.hostgpu import HostGpuSampler, serve_nvml_release
