@@ -49,7 +49,7 @@ def _cmd_version(args: argparse.Namespace) -> int:
 
     print(f"hami-trio {__version__}")
     print(f"python {sys.version.split()[0]}")
-    for dist in ("trio", "prometheus-client", "kubernetes-asyncio", "trio-asyncio", "hypercorn"):
+    for dist in ("trio", "prometheus-client", "kubernetes-asyncio", "trio-asyncio", "h11"):
         try:
             print(f"{dist} {metadata.version(dist)}")
         except metadata.PackageNotFoundError:

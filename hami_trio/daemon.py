@@ -310,7 +310,7 @@ class _Agent:
         nvml: NvmlLibrary | None,
         task_status: trio.TaskStatus[AgentHandle],
     ) -> None:
-        # Imported here: pulling in kubernetes-asyncio, aiohttp and hypercorn costs about half
+        # Imported here: pulling in kubernetes-asyncio and aiohttp costs about half
         # a second, which every other hami-trio command would pay at start-up.
         from hami_trio.allocation.watch import LockParentWatch, serve_lock_parent_watch
         from hami_trio.broker.server import serve_broker
@@ -375,7 +375,9 @@ class _Agent:
         bound: BindAddress = await nursery.start(
             self.supervise,
             "metrics",
-            partial(serve_http, config.metrics_bind, registry, self.checks),
+            partial(
+                serve_http, config.metrics_bind, registry, self.checks, limits=config.http_limits
+            ),
         )
         await nursery.start(
             self.supervise, "nvml", partial(serve_nvml_release, sampler, lambda: monitor.paused)

@@ -44,6 +44,7 @@ from hami_trio.config import (
 )
 from hami_trio.errors import ConfigError
 from hami_trio.logs import LogFormat
+from hami_trio.monitor.http import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT, HttpLimits
 from hami_trio.monitor.loop import (
     DEFAULT_INTERVAL,
     DEFAULT_MIG_LOCK_PATH,
@@ -169,6 +170,22 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "ADDR",
     ),
     Setting(
+        "metrics_max_connections",
+        "--metrics-max-connections",
+        "HAMI_TRIO_METRICS_MAX_CONNECTIONS",
+        "connections the metrics port serves at once; one more closes the one waiting on its "
+        f"client the longest (default {DEFAULT_MAX_CONNECTIONS})",
+        "N",
+    ),
+    Setting(
+        "metrics_request_timeout",
+        "--metrics-request-timeout",
+        "HAMI_TRIO_METRICS_REQUEST_TIMEOUT",
+        "seconds (or a Go duration) from a metrics-port request's first byte to the last byte "
+        f"of its answer; a client slower than that is closed (default {DEFAULT_REQUEST_TIMEOUT:g})",
+        "SECONDS",
+    ),
+    Setting(
         "legacy_metrics",
         "--legacy-metrics",
         "HAMI_TRIO_LEGACY_METRICS",
@@ -248,6 +265,7 @@ class AgentConfig:
         node_name: this node (validated when ``kubernetes`` is set; else only a label).
         kubernetes: how to reach the API server for the pod watch; None: ``--no-kubernetes``.
         metrics_bind: where ``/metrics``, ``/healthz`` and ``/readyz`` listen.
+        http_limits: what one client of that port may cost (connections, deadlines).
         legacy_metrics: also export HAMi's legacy names.
         broker: the broker's settings; None when it is off (``LIBVGPU_HOSTPID_BROKER`` is not
             exactly ``1``).
@@ -265,6 +283,7 @@ class AgentConfig:
     metrics_bind: BindAddress = field(
         default_factory=lambda: parse_bind_address(DEFAULT_METRICS_BIND_ADDRESS)
     )
+    http_limits: HttpLimits = field(default_factory=HttpLimits)
     legacy_metrics: bool = False
     broker: BrokerConfig | None = None
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
@@ -307,6 +326,8 @@ class AgentConfig:
             "mig_lock_path": str(self.monitor.mig_lock_path),
             "lock_parent_path": str(self.lock_parent_path),
             "metrics_bind_address": str(self.metrics_bind),
+            "metrics_max_connections": self.http_limits.max_connections,
+            "metrics_request_timeout_seconds": self.http_limits.request_timeout,
             "legacy_metrics": self.legacy_metrics,
             "broker": broker,
             "shutdown_timeout_seconds": self.shutdown_timeout,
@@ -504,6 +525,18 @@ def resolve_config(
     bind = parse_bind_address(
         DEFAULT_METRICS_BIND_ADDRESS if bind_text is None else bind_text, name=bind_origin
     )
+    max_text, max_origin = reader.text("metrics_max_connections")
+    request_text, request_origin = reader.text("metrics_request_timeout")
+    http_limits = HttpLimits(
+        max_connections=(
+            DEFAULT_MAX_CONNECTIONS if max_text is None else _positive_int(max_text, max_origin)
+        ),
+        request_timeout=(
+            DEFAULT_REQUEST_TIMEOUT
+            if request_text is None
+            else parse_seconds(request_text, name=request_origin)
+        ),
+    )
     legacy = reader.flag("legacy_metrics")
     broker = _broker(reader, env, warnings) if with_broker else None
 
@@ -547,6 +580,7 @@ def resolve_config(
         kubernetes=access,
         lock_parent_path=Path(LOCK_PARENT if parent_text is None else parent_text),
         metrics_bind=bind,
+        http_limits=http_limits,
         legacy_metrics=legacy,
         broker=broker,
         shutdown_timeout=shutdown_timeout,

@@ -29,7 +29,7 @@ from hami_trio.monitor.layout import Format
 from hami_trio.monitor.region import read_region_file
 from hami_trio.monitor.usage import UsageSnapshot
 
-# The pod watch (kubernetes-asyncio, aiohttp), the HTTP server (hypercorn) and the collectors
+# The pod watch (kubernetes-asyncio, aiohttp), the HTTP server (h11) and the collectors
 # are imported only when ``monitor`` runs (in hami_trio.daemon): every ``hami-trio`` command
 # builds this parser, and those imports would add about half a second to each (the
 # allocation command runs per container start).

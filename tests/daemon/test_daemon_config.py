@@ -43,6 +43,8 @@ def test_defaults_without_kubernetes() -> None:
     assert config.node_name == "host-a"
     assert config.kubernetes is None
     assert config.metrics_bind == BindAddress("", 9394)
+    assert config.http_limits.max_connections == 64
+    assert config.http_limits.request_timeout == 10.0
     assert config.legacy_metrics is False
     assert config.broker is None
     assert config.shutdown_timeout == 10.0
@@ -63,6 +65,8 @@ def test_every_setting_reads_its_flag_then_its_variable() -> None:
         "mig_lock_path": "/m/lock",
         "lock_parent_path": "/l/vgpulock",
         "metrics_bind_address": "127.0.0.1:0",
+        "metrics_max_connections": "16",
+        "metrics_request_timeout": "1500ms",
         "broker_socket_path": "/b/broker.sock",
         "broker_lock_path": "/l/broker.lock",
         "broker_max_exchanges": "64",
@@ -83,6 +87,8 @@ def test_every_setting_reads_its_flag_then_its_variable() -> None:
         assert config.monitor.mig_lock_path == Path("/m/lock")
         assert config.lock_parent_path == Path("/l/vgpulock")
         assert config.metrics_bind == BindAddress("127.0.0.1", 0)
+        assert config.http_limits.max_connections == 16
+        assert config.http_limits.request_timeout == 1.5
         assert config.broker is not None
         assert config.broker.socket_path == Path("/b/broker.sock")
         assert config.broker.lock_path == Path("/l/broker.lock")
@@ -273,6 +279,15 @@ def test_to_json_shows_values_sources_and_warnings_but_no_secret() -> None:
     assert doc["sources"]["broker_socket_path"] == "--broker-socket-path"
     assert len(doc["warnings"]) == 1
     assert doc["metrics_bind_address"] == ":9394"
+    assert doc["metrics_max_connections"] == 64
+    assert doc["metrics_request_timeout_seconds"] == 10.0
+
+
+def test_metrics_limits_are_checked() -> None:
+    with pytest.raises(ConfigError, match=r"^--metrics-max-connections: must be at least 1"):
+        resolve("--no-kubernetes", "--metrics-max-connections=0")
+    with pytest.raises(ConfigError, match="HAMI_TRIO_METRICS_REQUEST_TIMEOUT"):
+        resolve("--no-kubernetes", env={"HAMI_TRIO_METRICS_REQUEST_TIMEOUT": "0"})
 
 
 def test_check_host_names_the_setting(tmp_path: Path) -> None:
