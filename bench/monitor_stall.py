@@ -114,11 +114,12 @@ def build_tree(hook: Path, hostile: int, huge_entries: int) -> dict[str, Any]:
         huge.mkdir()
         fd = os.open(huge, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            for i in range(huge_entries):
-                name = f"{i:08d}{NAME_PAD}"
-                os.close(os.open(name, os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))
+            os.close(os.open("seed", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))
+            for i in range(huge_entries):  # hard links: entries without an inode each
+                os.link("seed", f"{i:08d}{NAME_PAD}", src_dir_fd=fd, dst_dir_fd=fd)
             for i in range(huge_entries):
                 os.unlink(f"{i:08d}{NAME_PAD}", dir_fd=fd)
+            os.unlink("seed", dir_fd=fd)
             huge_size = os.fstat(fd).st_size
         finally:
             os.close(fd)

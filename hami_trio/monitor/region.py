@@ -145,6 +145,9 @@ class RegionHandle:
         self.writable = writable
         self._layout: Layout | None = None
         self._cache: _ReadCache | None = None
+        #: Bytes the latest :meth:`read` asked ``pread`` for (what the lister's work
+        #: accounting charges for it: parsing is proportional to the bytes read).
+        self.read_bytes = 0
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -245,6 +248,7 @@ class RegionHandle:
     # -- reading ---------------------------------------------------------------------------
 
     def _pread(self, length: int, offset: int) -> bytes:
+        self.read_bytes += length
         try:
             data = os.pread(self._fd, length, offset)
         except OSError as exc:
@@ -273,6 +277,7 @@ class RegionHandle:
         if size is None:
             size = self.size()
         self._layout = None
+        self.read_bytes = 0
         try:
             return self._read(size)
         except CacheFileRejected as exc:
