@@ -13,14 +13,16 @@
  *   slowloris IDLE idle connections (nothing sent, re-opened as soon as the server drops
  *             them) held by one thread, beside CONCURRENCY legitimate client threads that
  *             each do one exchange per millisecond with a 500 ms deadline, like HAMi-core.
- *   open      CONCURRENCY threads, each on a fixed schedule of one exchange per millisecond
- *             (500 ms deadline); latency is counted from the exchange's scheduled time, so a
- *             server that stalls is charged for every client that arrived during the stall,
- *             not just the one that was waiting (an open-loop load, like independent
- *             HAMi-core processes starting at arbitrary times).
+ *   open      CONCURRENCY threads, each on a fixed schedule of one exchange every PERIOD
+ *             microseconds (the last argument, default 1000; 500 ms deadline); latency is
+ *             counted from the exchange's scheduled time, so a server that stalls is charged
+ *             for every exchange due during the stall, not just the one that was waiting (an
+ *             open-loop load, like independent HAMi-core processes starting at arbitrary
+ *             times; use many threads with a long period, so that one slow answer does not
+ *             hold back a thread's next exchanges).
  *
  * Build: gcc -O2 -Wall -pthread -o broker_load broker_load.c
- * Usage: broker_load SOCKET_PATH threads|procs|slowloris|open CONCURRENCY SECONDS [IDLE]
+ * Usage: broker_load SOCKET_PATH threads|procs|slowloris|open CONCURRENCY SECONDS [IDLE|PERIOD]
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -185,7 +187,7 @@ static void *attacker_main(void *arg) {
 
 int main(int argc, char **argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: %s SOCKET_PATH threads|procs|slowloris|open CONCURRENCY SECONDS [IDLE]\n",
+        fprintf(stderr, "usage: %s SOCKET_PATH threads|procs|slowloris|open CONCURRENCY SECONDS [IDLE|PERIOD]\n",
                 argv[0]);
         return 2;
     }
@@ -212,7 +214,8 @@ int main(int argc, char **argv) {
     int slowloris = strcmp(mode, "slowloris") == 0;
     if (strcmp(mode, "open") == 0) {
         legit_deadline_ms = 500;
-        pace_us = 1000;
+        pace_us = idle > 0 ? idle : 1000;
+        idle = 0;
         open_loop = 1;
     }
     if (slowloris) {
