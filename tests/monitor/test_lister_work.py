@@ -148,6 +148,26 @@ def monitor_for(hook: Path) -> Monitor:
     return Monitor(config, pod_source=StaticPodSource())
 
 
+def emptied(directory: Path) -> int:
+    """Grow ``directory`` past K bytes with 250-byte names (hard links: no inode each), then
+    delete them all: ext4 keeps the directory's blocks.  Returns its size."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        names = [f"{i:06d}{'x' * 244}" for i in range(MAX_STEP_WORK // 256 * 5 // 4)]
+        for i, name in enumerate(names):
+            if i % 1000 == 0:
+                seed = name
+                os.close(os.open(seed, os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))
+            else:
+                os.link(seed, name, src_dir_fd=fd, dst_dir_fd=fd)
+        for name in names:
+            os.unlink(name, dir_fd=fd)
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    return size
+
+
 async def test_hostile_regions_changed_every_tick_yield_every_k_units(
     tmp_path: Path, work: StepWork
 ) -> None:
@@ -181,22 +201,7 @@ async def test_huge_empty_directory_is_not_listed_on_the_event_loop(
     root.mkdir()
     huge = root / "huge_main"  # a tenant's directory: no .cache file, re-listed every tick
     huge.mkdir()
-    fd = os.open(huge, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        # Enough 250-byte names to grow it past K bytes (hard links: no inode each), then
-        # delete them all: ext4 keeps the directory's blocks.
-        names = [f"{i:06d}{'x' * 244}" for i in range(MAX_STEP_WORK // 256 * 5 // 4)]
-        for i, name in enumerate(names):
-            if i % 1000 == 0:
-                seed = name
-                os.close(os.open(seed, os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))
-            else:
-                os.link(seed, name, src_dir_fd=fd, dst_dir_fd=fd)
-        for name in names:
-            os.unlink(name, dir_fd=fd)
-        size = os.fstat(fd).st_size
-    finally:
-        os.close(fd)
+    size = emptied(huge)
     if size <= max(INLINE_DIR_BYTES, MAX_STEP_WORK):
         pytest.skip(f"this filesystem shrinks emptied directories ({size} bytes left)")
     for i in range(20):
@@ -214,3 +219,27 @@ async def test_huge_empty_directory_is_not_listed_on_the_event_loop(
     assert sum(s.status is ContainerStatus.LOADED for s in view.values()) == 20
     assert work.largest <= MAX_STEP_WORK, (work.largest, size)
     assert work.largest < size
+
+
+async def test_huge_containers_directory_is_not_listed_on_the_event_loop(
+    tmp_path: Path, work: StepWork
+) -> None:
+    root = tmp_path / "containers"
+    root.mkdir()
+    size = emptied(root)  # thousands of containers came and went
+    if size <= max(INLINE_DIR_BYTES, MAX_STEP_WORK):
+        pytest.skip(f"this filesystem shrinks emptied directories ({size} bytes left)")
+    for i in range(5):
+        directory = root / f"n{i:03d}_main"
+        directory.mkdir()
+        write_region(directory / "x.cache", RegionSpec(uuids=["GPU-00"], recent_kernel=2))
+    monitor = monitor_for(tmp_path)
+    try:
+        await ticks(monitor, work, 2, lambda tick: None)
+        view = monitor.containers()
+    finally:
+        monitor.close()
+    assert sorted(k.pod_uid for k, s in view.items() if s.status is ContainerStatus.LOADED) == [
+        f"n{i:03d}" for i in range(5)
+    ]
+    assert work.largest <= MAX_STEP_WORK, (work.largest, size)
