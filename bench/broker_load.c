@@ -13,9 +13,16 @@
  *   slowloris IDLE idle connections (nothing sent, re-opened as soon as the server drops
  *             them) held by one thread, beside CONCURRENCY legitimate client threads that
  *             each do one exchange per millisecond with a 500 ms deadline, like HAMi-core.
+ *   open      CONCURRENCY threads, each on a fixed schedule of one exchange every PERIOD
+ *             microseconds (the last argument, default 1000; 500 ms deadline); latency is
+ *             counted from the exchange's scheduled time, so a server that stalls is charged
+ *             for every exchange due during the stall, not just the one that was waiting (an
+ *             open-loop load, like independent HAMi-core processes starting at arbitrary
+ *             times; use many threads with a long period, so that one slow answer does not
+ *             hold back a thread's next exchanges).
  *
  * Build: gcc -O2 -Wall -pthread -o broker_load broker_load.c
- * Usage: broker_load SOCKET_PATH threads|procs|slowloris CONCURRENCY SECONDS [IDLE]
+ * Usage: broker_load SOCKET_PATH threads|procs|slowloris|open CONCURRENCY SECONDS [IDLE|PERIOD]
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -52,6 +59,7 @@ static struct sockaddr_un addr;
 static struct shared *shm;
 static int legit_deadline_ms = 0; /* 0: blocking, no deadline */
 static int pace_us = 0;
+static int open_loop = 0; /* latency from the scheduled time (mode "open") */
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -116,15 +124,21 @@ out:
 static void run_worker(struct worker *w) {
     pid_t me = getpid();
     while (!atomic_load(&shm->go)) usleep(100);
+    uint64_t due = now_ns();
     while (!atomic_load_explicit(&shm->stop, memory_order_relaxed)) {
         uint64_t t0 = now_ns();
+        if (open_loop) {
+            if (t0 < due) usleep((useconds_t)((due - t0) / 1000));
+            t0 = due; /* charged from when this exchange was due */
+            due += (uint64_t)pace_us * 1000u;
+        }
         if (exchange(me) == 0) {
             w->ok++;
             w->hist[bucket_of(now_ns() - t0)]++;
         } else {
             w->fail++;
         }
-        if (pace_us) usleep((useconds_t)pace_us);
+        if (pace_us && !open_loop) usleep((useconds_t)pace_us);
     }
 }
 
@@ -173,7 +187,7 @@ static void *attacker_main(void *arg) {
 
 int main(int argc, char **argv) {
     if (argc < 5) {
-        fprintf(stderr, "usage: %s SOCKET_PATH threads|procs|slowloris CONCURRENCY SECONDS [IDLE]\n",
+        fprintf(stderr, "usage: %s SOCKET_PATH threads|procs|slowloris|open CONCURRENCY SECONDS [IDLE|PERIOD]\n",
                 argv[0]);
         return 2;
     }
@@ -198,6 +212,12 @@ int main(int argc, char **argv) {
     pid_t *pids = calloc((size_t)conc, sizeof(pid_t));
     pthread_t attacker;
     int slowloris = strcmp(mode, "slowloris") == 0;
+    if (strcmp(mode, "open") == 0) {
+        legit_deadline_ms = 500;
+        pace_us = idle > 0 ? idle : 1000;
+        idle = 0;
+        open_loop = 1;
+    }
     if (slowloris) {
         legit_deadline_ms = 500;
         pace_us = 1000;
@@ -211,7 +231,7 @@ int main(int argc, char **argv) {
             pids[i] = fork();
             if (pids[i] == 0) { run_worker(&shm->w[i]); _exit(0); }
         }
-    } else if (strcmp(mode, "threads") == 0 || slowloris) {
+    } else if (strcmp(mode, "threads") == 0 || slowloris || open_loop) {
         for (int i = 0; i < conc; i++) pthread_create(&threads[i], NULL, thread_main, &shm->w[i]);
     } else {
         fprintf(stderr, "unknown mode %s\n", mode);

@@ -27,9 +27,26 @@ naming the container), not every tick.  A file whose content is bad but which is
 same regular file keeps its handle and is re-read next tick: HAMi-core writes the magic
 last, so a file seen mid-initialisation loads on the next tick.
 
-The lister yields to trio every :data:`CHECKPOINT_EVERY` containers so a tick over thousands
-of containers neither starves other tasks nor ignores a cancellation (deadline, MIG lock) for
-long.  Cancellation leaves every container consistent and publishes nothing.
+The lister yields to trio by the work it does, not per container, so that a tick neither
+starves the broker and the metrics server sharing the event loop nor ignores a cancellation
+(deadline, MIG lock) for long, whatever the tenants wrote.  Work is counted in units of about
+one byte: each container costs :data:`CONTAINER_WORK`, plus the bytes its region read asked
+for (a tenant's ``proc_num`` 1024 on 16 devices makes that ~2 MB and ~100,000 integers to
+parse) plus the size of any directory listed on the event loop.  Once the count reaches
+:data:`WORK_PER_CHECKPOINT` the tick checkpoints, so the work done between two checkpoints
+stays below :data:`MAX_STEP_WORK` (the budget plus the most one container can cost); with at
+most the budget's worth of cheap containers, at most :data:`CHECKPOINT_EVERY` of them pass
+between two checkpoints.  The count is one integer add and compare per container.
+
+Directory listings are bounded twice.  A directory is opened ``O_NOFOLLOW | O_DIRECTORY``
+relative to its parent and ``fstat``-ed first: one no larger than :data:`INLINE_DIR_BYTES`
+is listed on the event loop; a larger one - ext4 keeps a directory's size after its
+entries are deleted, so a tenant that once created a million entries leaves a directory of
+~100 MB that every listing walks, even empty - is listed through that same descriptor in a
+worker thread (the tick waits for it; the event loop does not).  Either way a container
+directory's listing stops after :data:`MAX_DIR_ENTRIES` entries.  The containers directory
+itself follows the same size rule.  Cancellation leaves every container consistent and
+publishes nothing.
 
 API for the metrics collector and the daemon (read-only, never touches a file)::
 
@@ -63,14 +80,19 @@ import trio
 from hami_trio.errors import CacheFileRejected
 from hami_trio.logs import RateLimiter
 from hami_trio.monitor.feedback import Write
-from hami_trio.monitor.layout import ControlField, RejectReason
+from hami_trio.monitor.layout import LAYOUTS, MAX_SLOTS, ControlField, RejectReason
 from hami_trio.monitor.podsource import PodInfo, PodSource
 from hami_trio.monitor.region import RegionHandle
 from hami_trio.monitor.usage import UsageSnapshot
 
 __all__ = [
     "CHECKPOINT_EVERY",
+    "CONTAINER_WORK",
+    "INLINE_DIR_BYTES",
+    "MAX_CONTAINER_WORK",
     "MAX_DIR_ENTRIES",
+    "MAX_STEP_WORK",
+    "WORK_PER_CHECKPOINT",
     "ContainerKey",
     "ContainerLister",
     "ContainerState",
@@ -81,12 +103,55 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Containers handled between two trio checkpoints.
-CHECKPOINT_EVERY = 64
+#: Work units (about one per byte read or listed) after which the tick checkpoints.
+WORK_PER_CHECKPOINT = 1 << 20
+#: Units every container costs besides its bytes (its system calls and bookkeeping).
+CONTAINER_WORK = 8 << 10
+#: Most containers handled between two checkpoints (each costs at least CONTAINER_WORK).
+CHECKPOINT_EVERY = WORK_PER_CHECKPOINT // CONTAINER_WORK
 #: Entries read from one container directory before giving up on it (HAMi-core keeps 1-3).
 MAX_DIR_ENTRIES = 1024
+#: A directory whose ``st_size`` exceeds this is listed in a worker thread, not on the loop.
+INLINE_DIR_BYTES = 64 << 10
+#: The most one container adds to the count: its units, one listing, one region read.
+MAX_CONTAINER_WORK = (
+    CONTAINER_WORK
+    + INLINE_DIR_BYTES
+    + max(lay.body_size(MAX_SLOTS) + lay.tail_size for lay in LAYOUTS.values())
+)
+#: Work done on the event loop between two checkpoints of a tick stays below this.
+MAX_STEP_WORK = WORK_PER_CHECKPOINT + MAX_CONTAINER_WORK
 _LIBVGPU = "libvgpu.so"
 _CACHE_SUFFIX = ".cache"
+
+
+def _sorted_entries(fd: int) -> list[os.DirEntry[str]]:
+    """Every entry of the directory open at ``fd``, sorted by name."""
+    with os.scandir(fd) as it:
+        return sorted(it, key=lambda e: e.name)
+
+
+def _bounded_names(fd: int) -> list[str] | None:
+    """The names in the directory open at ``fd``, sorted; None if there are more than
+    :data:`MAX_DIR_ENTRIES` (the scan stops there: a tenant can create millions)."""
+    names: list[str] = []
+    with os.scandir(fd) as it:
+        for entry in it:
+            if len(names) == MAX_DIR_ENTRIES:
+                return None
+            names.append(entry.name)
+    return sorted(names)
+
+
+class _Pending:
+    """A container directory too large to list on the event loop: its open descriptor."""
+
+    __slots__ = ("fd", "pod", "tracked")
+
+    def __init__(self, tracked: _Tracked, pod: PodInfo | None, fd: int) -> None:
+        self.tracked = tracked
+        self.pod = pod
+        self.fd = fd
 
 
 class ContainerKey(NamedTuple):
@@ -205,6 +270,7 @@ class ContainerLister:
         self._root_missing_logged = False
         self._limiter = RateLimiter(log_interval, max_keys=4096)
         self._view: Mapping[ContainerKey, ContainerState] = MappingProxyType({})
+        self._work = 0  # units since the last checkpoint (see the module docstring)
 
     # -- the read-only view ----------------------------------------------------------------
 
@@ -222,8 +288,9 @@ class ContainerLister:
     async def update(self) -> Mapping[ContainerKey, ContainerState]:
         """Scan, clean up, read every container, publish and return the new view.
 
-        Checkpoints every :data:`CHECKPOINT_EVERY` containers.  If cancelled there, nothing
-        is published and the previous view stays; the next call starts over.
+        Checkpoints every :data:`WORK_PER_CHECKPOINT` units of work (see the module
+        docstring) and once more before publishing.  If cancelled there, nothing is
+        published and the previous view stays; the next call starts over.
         """
         self._doomed = []
         try:
@@ -247,10 +314,15 @@ class ContainerLister:
             self._view = MappingProxyType({})
             return self._view
         self._root_missing_logged = False
+        self._work = 0
         try:
             try:
-                with os.scandir(root_fd) as it:
-                    entries = sorted(it, key=lambda e: e.name)
+                size = os.fstat(root_fd).st_size
+                if size > INLINE_DIR_BYTES:
+                    entries = await trio.to_thread.run_sync(_sorted_entries, root_fd)
+                else:
+                    self._work = size
+                    entries = _sorted_entries(root_fd)
             except OSError as exc:
                 self._limiter.log(
                     logger, logging.ERROR, "root", "cannot list %s: %s", self._root, exc.strerror
@@ -259,13 +331,20 @@ class ContainerLister:
             states: dict[ContainerKey, ContainerState] = {}
             seen: set[str] = set()
             now = self._wall_clock()
-            for count, entry in enumerate(entries, 1):
+            for entry in entries:
                 state = self._visit(root_fd, entry, now)
                 if state is not None:
+                    if isinstance(state, _Pending):
+                        state = await self._list_pending(root_fd, state)
                     seen.add(entry.name)
                     states[state.key] = state
-                if count % CHECKPOINT_EVERY == 0:
+                self._work += CONTAINER_WORK
+                if self._work >= WORK_PER_CHECKPOINT:
                     await trio.lowlevel.checkpoint()
+                    self._work = 0
+            if self._work:
+                await trio.lowlevel.checkpoint()  # the caller's work starts with a fresh budget
+                self._work = 0
         finally:
             os.close(root_fd)
         self._forget(seen)
@@ -281,7 +360,9 @@ class ContainerLister:
             self._warned.add(name)
             logger.warning(msg, *args)
 
-    def _visit(self, root_fd: int, entry: os.DirEntry[str], now: float) -> ContainerState | None:
+    def _visit(
+        self, root_fd: int, entry: os.DirEntry[str], now: float
+    ) -> ContainerState | _Pending | None:
         name = entry.name
         try:
             is_dir = entry.is_dir(follow_symlinks=False)
@@ -398,7 +479,9 @@ class ContainerLister:
             tracked, pod, ContainerStatus.REJECTED, rejection=Rejection(reason, str(exc))
         )
 
-    def _refresh(self, root_fd: int, tracked: _Tracked, pod: PodInfo | None) -> ContainerState:
+    def _refresh(
+        self, root_fd: int, tracked: _Tracked, pod: PodInfo | None
+    ) -> ContainerState | _Pending:
         dirname = tracked.key.dirname
         handle = tracked.handle
         if handle is not None:
@@ -445,43 +528,67 @@ class ContainerLister:
         try:
             snapshot = handle.read(size)
         except CacheFileRejected as exc:
+            self._work += handle.read_bytes
             return self._reject(tracked, pod, exc)
+        self._work += handle.read_bytes
         if tracked.last_reason is not None:
             logger.info("container %s: cache file loads again", tracked.key.dirname)
             tracked.last_reason = None
         return self._state(tracked, pod, ContainerStatus.LOADED, snapshot=snapshot)
 
-    def _list(self, root_fd: int, dirname: str) -> list[str] | None:
-        """The names in a container directory, sorted; None if there are more than
-        :data:`MAX_DIR_ENTRIES` (the scan stops there: a tenant can create millions)."""
-        fd = os.open(
-            dirname, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd
+    def _cannot_list(self, tracked: _Tracked, pod: PodInfo | None, exc: OSError) -> ContainerState:
+        tracked.cache_name = None
+        return self._reject(
+            tracked,
+            pod,
+            CacheFileRejected(
+                RejectReason.IO_ERROR, f"{tracked.directory}: cannot list: {exc.strerror}"
+            ),
         )
-        try:
-            names: list[str] = []
-            with os.scandir(fd) as it:
-                for entry in it:
-                    if len(names) == MAX_DIR_ENTRIES:
-                        return None
-                    names.append(entry.name)
-            return sorted(names)
-        finally:
-            os.close(fd)
 
-    def _open(self, root_fd: int, tracked: _Tracked, pod: PodInfo | None) -> ContainerState:
+    def _open(
+        self, root_fd: int, tracked: _Tracked, pod: PodInfo | None
+    ) -> ContainerState | _Pending:
+        """List the directory and open its cache file; a directory larger than
+        :data:`INLINE_DIR_BYTES` comes back as :class:`_Pending` for a worker thread."""
+        try:
+            fd = os.open(
+                tracked.key.dirname,
+                os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                dir_fd=root_fd,
+            )
+        except OSError as exc:
+            return self._cannot_list(tracked, pod, exc)
+        try:
+            size = os.fstat(fd).st_size
+            if size > INLINE_DIR_BYTES:
+                pending, fd = _Pending(tracked, pod, fd), -1
+                return pending
+            self._work += size
+            names = _bounded_names(fd)
+        except OSError as exc:
+            return self._cannot_list(tracked, pod, exc)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        return self._open_listed(root_fd, tracked, pod, names)
+
+    async def _list_pending(self, root_fd: int, pending: _Pending) -> ContainerState:
+        """List a large directory through its descriptor in a worker thread, then go on."""
+        try:
+            names = await trio.to_thread.run_sync(_bounded_names, pending.fd)
+        except OSError as exc:
+            return self._cannot_list(pending.tracked, pending.pod, exc)
+        finally:
+            os.close(pending.fd)
+        self._work = 0  # waiting for the thread was a checkpoint
+        return self._open_listed(root_fd, pending.tracked, pending.pod, names)
+
+    def _open_listed(
+        self, root_fd: int, tracked: _Tracked, pod: PodInfo | None, names: list[str] | None
+    ) -> ContainerState:
         dirname = tracked.key.dirname
         display_dir = tracked.directory
-        try:
-            names = self._list(root_fd, dirname)
-        except OSError as exc:
-            tracked.cache_name = None
-            return self._reject(
-                tracked,
-                pod,
-                CacheFileRejected(
-                    RejectReason.IO_ERROR, f"{display_dir}: cannot list: {exc.strerror}"
-                ),
-            )
         if names is None:
             tracked.cache_name = None
             return self._reject(

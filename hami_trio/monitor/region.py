@@ -59,6 +59,13 @@ from hami_trio.monitor.usage import (
 __all__ = ["RegionHandle", "read_region_file"]
 
 _I32 = struct.Struct("<i")
+#: The parsed slot fields are kept for change detection only for regions with at most this
+#: many live slots.  A region with hundreds (a tenant's ``proc_num`` 1024 on 16 devices:
+#: ~100,000 Python ints, ~1.6 MB) is re-summed every tick instead: its owner can force that
+#: anyway by changing a slot, and keeping the rows would cost the agent memory (64 such
+#: regions: +105 MB RSS) and make every full garbage collection walk them (+5-10 ms per
+#: collection, a stall of the whole event loop).
+KEEP_ROWS_SLOTS = 64
 _U64 = struct.Struct("<Q")
 _PROC_NUM = struct.Struct("<i")
 
@@ -113,7 +120,7 @@ class _ReadCache:
         tail: bytes,
         layout: Layout,
         static: StaticInfo,
-        rows: list[tuple[int, ...]],
+        rows: list[tuple[int, ...]] | None,
         totals: SlotTotals,
         snapshot: UsageSnapshot,
     ) -> None:
@@ -145,6 +152,9 @@ class RegionHandle:
         self.writable = writable
         self._layout: Layout | None = None
         self._cache: _ReadCache | None = None
+        #: Bytes the latest :meth:`read` asked ``pread`` for (what the lister's work
+        #: accounting charges for it: parsing is proportional to the bytes read).
+        self.read_bytes = 0
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -245,6 +255,7 @@ class RegionHandle:
     # -- reading ---------------------------------------------------------------------------
 
     def _pread(self, length: int, offset: int) -> bytes:
+        self.read_bytes += length
         try:
             data = os.pread(self._fd, length, offset)
         except OSError as exc:
@@ -273,6 +284,7 @@ class RegionHandle:
         if size is None:
             size = self.size()
         self._layout = None
+        self.read_bytes = 0
         try:
             return self._read(size)
         except CacheFileRejected as exc:
@@ -291,13 +303,25 @@ class RegionHandle:
         slots = clamp_proc_num(proc_num)
         head = self._pread(candidate.body_size(slots), 0)
         # Change detection keeps the header/static prefix (~1.8 KB) and the used fields of
-        # the live slots as ints, not the whole ~17 KB head: a small per-container working
-        # set is what keeps a tick over thousands of containers fast.
+        # the live slots as ints (up to KEEP_ROWS_SLOTS slots), not the whole ~17 KB head: a
+        # small per-container working set is what keeps a tick over thousands of
+        # containers fast.
         cache = self._cache
         if cache is not None and cache.size == size and head.startswith(cache.prefix):
             # head is exactly the live slots long, so the view below is exactly those slots
             rows = list(cache.codec.iter_unpack(memoryview(head)[cache.layout.procs :]))
-            if rows == cache.rows:
+            if cache.rows is None:
+                # Rows not kept (see KEEP_ROWS_SLOTS): compare the sums instead.
+                totals = sum_rows(rows, cache.static)
+                if len(rows) <= KEEP_ROWS_SLOTS:
+                    cache.rows = rows
+                if totals != cache.totals or cache.tail != tail:
+                    cache.tail = tail
+                    cache.totals = totals
+                    cache.snapshot = parse_usage(
+                        cache.layout, size, head, tail, cache.static, totals
+                    )
+            elif rows == cache.rows:
                 if cache.tail != tail:
                     # Only the tail moved (recent_kernel decays every tick): same sums.
                     cache.tail = tail
@@ -305,7 +329,7 @@ class RegionHandle:
                         cache.layout, size, head, tail, cache.static, cache.totals
                     )
             else:
-                cache.rows = rows
+                cache.rows = rows if len(rows) <= KEEP_ROWS_SLOTS else None
                 cache.tail = tail
                 cache.totals = sum_rows(rows, cache.static)
                 cache.snapshot = parse_usage(
@@ -321,7 +345,8 @@ class RegionHandle:
         rows = slot_rows(layout, head, slots, static.device_count)
         totals = sum_rows(rows, static)
         snapshot = parse_usage(layout, size, head, tail, static, totals)
-        self._cache = _ReadCache(size, prefix, tail, layout, static, rows, totals, snapshot)
+        kept = rows if slots <= KEEP_ROWS_SLOTS else None
+        self._cache = _ReadCache(size, prefix, tail, layout, static, kept, totals, snapshot)
         self._layout = layout
         return snapshot
 
