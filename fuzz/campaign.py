@@ -65,6 +65,8 @@ CORPUS_ROOT = Path(__file__).resolve().parent / "corpus"
 # that much (plus one slow example).
 _MAX_BATCH_SECONDS = 3.0
 _FIRST_BATCH = 10
+#: How long past its budget a mutation worker may run before it counts as hung and is killed.
+WORKER_GRACE_SECONDS = 120.0
 _MAX_BATCH = 20_000
 
 
@@ -123,7 +125,8 @@ class Target:
             target's when the targets' sum exceeds the CI total, ``fuzz.main.CI_SECONDS``).
         weight: share of the total in ``--minutes`` mode.
         session: opens what the properties need for the whole target (a live broker) and
-            closes it afterwards; ``None`` when they need nothing.
+            closes it afterwards; ``None`` when they need nothing.  Mutators run outside it
+            (a mutator that needs state has its own ``setup``).
     """
 
     name: str
@@ -380,16 +383,17 @@ def run_target(
             results.append(result)
             if report is not None:
                 report(result)
-        if worker is None:
-            for result in mutators():
-                results.append(result)
-                if report is not None:
-                    report(result)
-    if worker is not None:
-        for result in _finish_worker(worker, target):
-            results.append(result)
-            if report is not None:
-                report(result)
+    # Mutators never run inside the target's session (in the worker they could not share
+    # it anyway); one that needs state has its own ``setup``.
+    if worker is None:
+        mutated = mutators()
+    else:
+        deadline = time.monotonic() + seconds + WORKER_GRACE_SECONDS
+        mutated = _finish_worker(worker, target, deadline=deadline)
+    for result in mutated:
+        results.append(result)
+        if report is not None:
+            report(result)
     return results
 
 
@@ -416,13 +420,17 @@ def _start_worker(job: Callable[[], list[Result]]) -> tuple[Any, Any]:
     return process, receiver
 
 
-def _finish_worker(worker: tuple[Any, Any], target: Target) -> list[Result]:
-    """The worker's results; a worker that died (a crash in native code, a kill) or raised
-    is one failed result naming how it ended."""
+def _finish_worker(worker: tuple[Any, Any], target: Target, *, deadline: float) -> list[Result]:
+    """The worker's results; a worker that died (a crash in native code, a kill), raised or
+    is still running at ``deadline`` (a check that hangs) is one failed result saying so."""
     process, receiver = worker
-    message: tuple[str, Any] | None
+    message: tuple[str, Any] | None = None
     try:
-        message = receiver.recv()
+        if receiver.poll(max(0.0, deadline - time.monotonic())):
+            message = receiver.recv()
+        else:
+            process.kill()
+            message = ("error", "still running long after its budget (a check that hangs?)")
     except EOFError:
         message = None
     finally:

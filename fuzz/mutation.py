@@ -106,8 +106,6 @@ _PACKERS = {
     for signed, code in zip((False, True), codes, strict=True)
 }
 
-# How often (in inputs) the loop looks at the clock: cheap inputs take ~5 microseconds.
-_CLOCK_EVERY = 64
 # Bit filter for de-duplication: 2**27 bits (16 MiB), two probes per input.
 _FILTER_BITS = 1 << 27
 
@@ -440,12 +438,18 @@ def run_mutator(
         walk = max(1, mutator.walk)
         buf = bytearray()
         step = walk
+        next_check, last_check = 0, clock()
         try:
             while True:
                 if max_inputs is not None and result.inputs >= max_inputs:
                     break
-                if result.inputs % _CLOCK_EVERY == 0 and clock() > stop_at:
-                    break
+                if result.inputs >= next_check:
+                    # every 64 inputs while they are fast, every input once they are slow
+                    now = clock()
+                    if now > stop_at:
+                        break
+                    next_check = result.inputs + (64 if now - last_check < 0.005 else 1)
+                    last_check = now
                 if step >= walk:
                     buf = bytearray(seeds[int(walk_rng.random() * len(seeds))])
                     step = 0

@@ -191,7 +191,7 @@ _U16 = st.integers(0, 0xFFFF)
 TARGET = Target(
     name="codec",
     description="wire codec: any bytes -> request or ProtocolError(status), round trips",
-    ci_seconds=22,
+    ci_seconds=30,
     weight=1.0,
     properties=(
         Property(

@@ -353,6 +353,28 @@ def test_parallel_layers_report_results_and_a_dead_worker() -> None:
     assert "ended abnormally: exit code 3" in (results[-1].failure or "")
 
 
+def test_a_hung_mutation_worker_is_killed_and_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(campaign, "WORKER_GRACE_SECONDS", 0.5)
+
+    def hang(_: bytes) -> None:
+        time.sleep(3600)
+
+    target = Target(
+        "hang",
+        "a check that never returns",
+        (Property("p", (st.integers(),), lambda _: None),),
+        ci_seconds=1.0,
+        mutators=(_mutator(hang),),
+    )
+    start = time.monotonic()
+    results = run_target(
+        target, parent=PARENT, seconds=0.3, max_inputs=10, rng=random.Random(1), jobs=2
+    )
+    assert time.monotonic() - start < 10
+    assert results[0].ok
+    assert "still running long after its budget" in (results[-1].failure or "")
+
+
 def test_mutators_need_a_check_or_a_setup() -> None:
     with pytest.raises(ValueError, match="either check or setup"):
         Mutator("none", st.binary())
