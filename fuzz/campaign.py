@@ -36,6 +36,7 @@ import random
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -146,7 +147,6 @@ class PropertyResult:
 
     target: str
     name: str
-    kind: str = "property"
     inputs: int = 0
     replayed: int = 0
     batches: int = 0
@@ -155,6 +155,7 @@ class PropertyResult:
     failing_input: str | None = None
     first_failing_input: str | None = None
     saved: list[Path] = field(default_factory=list)
+    kind: str = "property"
 
     @property
     def ok(self) -> bool:
@@ -415,7 +416,12 @@ def _start_worker(job: Callable[[], list[Result]]) -> tuple[Any, Any]:
             sender.close()
 
     process = context.Process(target=child, name="fuzz-mutators", daemon=True)
-    process.start()
+    with warnings.catch_warnings():
+        # Python 3.12+ warns when a process with threads forks (an idle thread a live-broker
+        # target left in trio's cache): the child only runs the mutators' pure-Python loop
+        # and needs no lock another thread could hold.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        process.start()
     sender.close()
     return process, receiver
 
