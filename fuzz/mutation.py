@@ -438,17 +438,19 @@ def run_mutator(
         walk = max(1, mutator.walk)
         buf = bytearray()
         step = walk
-        next_check, last_check = 0, clock()
+        tries, next_check, last_check = 0, 0, clock()
         try:
             while True:
                 if max_inputs is not None and result.inputs >= max_inputs:
                     break
-                if result.inputs >= next_check:
-                    # every 64 inputs while they are fast, every input once they are slow
+                tries += 1
+                if tries >= next_check:
+                    # every 64 tries while they are fast, every one once they are slow; tries,
+                    # not inputs: a small input space can run out of new inputs
                     now = clock()
                     if now > stop_at:
                         break
-                    next_check = result.inputs + (64 if now - last_check < 0.005 else 1)
+                    next_check = tries + (64 if now - last_check < 0.005 else 1)
                     last_check = now
                 if step >= walk:
                     buf = bytearray(seeds[int(walk_rng.random() * len(seeds))])

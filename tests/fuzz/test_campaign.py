@@ -252,6 +252,18 @@ def test_mutator_keeps_its_time_budget() -> None:
     assert result.inputs > 1000
 
 
+def test_an_exhausted_input_space_still_ends_on_time() -> None:
+    seen: list[bytes] = []
+    tiny = Mutator("tiny", st.binary(max_size=1), seen.append, max_size=1, seed_count=5)
+    start = time.monotonic()
+    result = _mutate(tiny, seconds=0.5, max_inputs=None)
+    assert time.monotonic() - start < 3.0
+    assert result.ok
+    # b"" and the 256 one-byte inputs, each once
+    assert len(seen) == len(set(seen)) == result.inputs <= 257
+    assert result.skipped > 0
+
+
 def test_planted_bug_is_found_saved_and_reproducible(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
