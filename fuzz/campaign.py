@@ -31,9 +31,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import multiprocessing
 import random
+import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -43,10 +46,14 @@ from typing import Any
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
+from fuzz.mutation import Mutator, MutatorResult, run_mutator
+
 __all__ = [
     "CORPUS_ROOT",
+    "Mutator",
     "Property",
     "PropertyResult",
+    "Result",
     "Target",
     "run_property",
     "run_target",
@@ -59,6 +66,8 @@ CORPUS_ROOT = Path(__file__).resolve().parent / "corpus"
 # that much (plus one slow example).
 _MAX_BATCH_SECONDS = 3.0
 _FIRST_BATCH = 10
+#: How long past its budget a mutation worker may run before it counts as hung and is killed.
+WORKER_GRACE_SECONDS = 120.0
 _MAX_BATCH = 20_000
 
 
@@ -107,16 +116,18 @@ class Property:
 
 @dataclass(frozen=True)
 class Target:
-    """A named group of properties with a share of the campaign's budget.
+    """A named group of properties and mutators with a share of the campaign's budget.
 
     Attributes:
         name: what ``fuzz/run --target`` takes.
         description: one line for ``--list``.
-        properties: the properties, run in order.
-        ci_seconds: this target's budget in ``--ci`` mode.
+        properties: the hypothesis properties, run in order.
+        ci_seconds: this target's budget in ``--ci`` mode (scaled down with every other
+            target's when the targets' sum exceeds the CI total, ``fuzz.main.CI_SECONDS``).
         weight: share of the total in ``--minutes`` mode.
         session: opens what the properties need for the whole target (a live broker) and
-            closes it afterwards; ``None`` when they need nothing.
+            closes it afterwards; ``None`` when they need nothing.  Mutators run outside it
+            (a mutator that needs state has its own ``setup``).
     """
 
     name: str
@@ -125,6 +136,9 @@ class Target:
     ci_seconds: float
     weight: float = 1.0
     session: Callable[[], AbstractContextManager[None]] | None = None
+    #: the fast layer (``fuzz/mutation.py``): byte-mutation loops run after the properties,
+    #: sharing the target's budget with them by weight.
+    mutators: tuple[Mutator, ...] = ()
 
 
 @dataclass
@@ -141,6 +155,7 @@ class PropertyResult:
     failing_input: str | None = None
     first_failing_input: str | None = None
     saved: list[Path] = field(default_factory=list)
+    kind: str = "property"
 
     @property
     def ok(self) -> bool:
@@ -289,6 +304,10 @@ def _no_session() -> Iterator[None]:
     yield
 
 
+#: What :func:`run_target` reports per property or mutator.
+Result = PropertyResult | MutatorResult
+
+
 def run_target(
     target: Target,
     *,
@@ -297,33 +316,67 @@ def run_target(
     max_inputs: int | None,
     rng: random.Random,
     save_failures: bool = True,
-    report: Callable[[PropertyResult], None] | None = None,
-) -> list[PropertyResult]:
-    """Run every property of a target, sharing ``seconds`` by the properties' weights.
+    report: Callable[[Result], None] | None = None,
+    jobs: int = 1,
+) -> list[Result]:
+    """Run every property, then every mutator, of a target.
+
+    With ``jobs=1`` the properties and mutators share ``seconds`` by weight, one after the
+    other.  With ``jobs >= 2`` and both layers present, the mutators run in a forked worker
+    process at the same time as the properties run here, and each layer has the whole
+    ``seconds`` (split by weight within the layer): two cores, twice the inputs, the same
+    wall time.  A target without mutators (or without properties) runs in this process only,
+    so a target that needs the second core itself (the live broker) has it.
 
     Args:
         target: the target.
         parent: base hypothesis settings (a profile).
         seconds: the target's whole time budget.
-        max_inputs: per-property cap on checked inputs (``None``: time only).
-        rng: source of batch seeds.
-        save_failures: see :func:`run_property`.
-        report: called with each property's result as soon as it is known.
+        max_inputs: per-property (and per-mutator) cap on checked inputs (``None``: time).
+        rng: source of batch seeds and mutation seeds.
+        save_failures: see :func:`run_property` and :func:`fuzz.mutation.run_mutator`.
+        report: called with each result as soon as it is known.
+        jobs: processes to use (1 or 2).
 
     Returns:
-        One result per property, in order.  A failure of one property does not stop the
-        others; a session that cannot be opened raises.
+        One result per property, then one per mutator, in order.  A failure of one does not
+        stop the others; a session that cannot be opened raises.
     """
-    total_weight = sum(p.weight for p in target.properties) or 1.0
-    results: list[PropertyResult] = []
+    # Drawn first, so the mutated inputs are the same whatever ``jobs`` is.
+    mutation_rng = random.Random(rng.getrandbits(64))
+    parallel = jobs >= 2 and bool(target.properties) and bool(target.mutators)
+    prop_weight = sum(p.weight for p in target.properties)
+    mut_weight = sum(m.weight for m in target.mutators)
+    if parallel:
+        prop_total, mut_total = prop_weight or 1.0, mut_weight or 1.0
+    else:
+        prop_total = mut_total = (prop_weight + mut_weight) or 1.0
+    results: list[Result] = []
+
+    def mutators() -> list[Result]:
+        done: list[Result] = []
+        for mutator in target.mutators:
+            done.append(
+                run_mutator(
+                    target.name,
+                    mutator,
+                    seconds=seconds * mutator.weight / mut_total,
+                    max_inputs=max_inputs,
+                    rng=mutation_rng,
+                    save_failures=save_failures,
+                )
+            )
+        return done
+
+    worker = _start_worker(mutators) if parallel else None
     opener = target.session or _no_session
     with opener():
         for prop in target.properties:
-            result = run_property(
+            result: Result = run_property(
                 target.name,
                 prop,
                 parent=parent,
-                seconds=seconds * prop.weight / total_weight,
+                seconds=seconds * prop.weight / prop_total,
                 max_inputs=max_inputs,
                 rng=rng,
                 save_failures=save_failures,
@@ -331,7 +384,75 @@ def run_target(
             results.append(result)
             if report is not None:
                 report(result)
+    # Mutators never run inside the target's session (in the worker they could not share
+    # it anyway); one that needs state has its own ``setup``.
+    if worker is None:
+        mutated = mutators()
+    else:
+        deadline = time.monotonic() + seconds + WORKER_GRACE_SECONDS
+        mutated = _finish_worker(worker, target, deadline=deadline)
+    for result in mutated:
+        results.append(result)
+        if report is not None:
+            report(result)
     return results
+
+
+def _start_worker(job: Callable[[], list[Result]]) -> tuple[Any, Any]:
+    """Fork a process that runs ``job`` and sends its results back through a pipe."""
+    context = multiprocessing.get_context("fork")
+    # the child would flush what is still buffered here a second time
+    sys.stdout.flush()
+    sys.stderr.flush()
+    receiver, sender = context.Pipe(duplex=False)
+
+    def child() -> None:
+        receiver.close()
+        try:
+            sender.send(("ok", job()))
+        except BaseException:
+            sender.send(("error", traceback.format_exc()))
+        finally:
+            sender.close()
+
+    process = context.Process(target=child, name="fuzz-mutators", daemon=True)
+    with warnings.catch_warnings():
+        # Python 3.12+ warns when a process with threads forks (an idle thread a live-broker
+        # target left in trio's cache): the child only runs the mutators' pure-Python loop
+        # and needs no lock another thread could hold.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        process.start()
+    sender.close()
+    return process, receiver
+
+
+def _finish_worker(worker: tuple[Any, Any], target: Target, *, deadline: float) -> list[Result]:
+    """The worker's results; a worker that died (a crash in native code, a kill), raised or
+    is still running at ``deadline`` (a check that hangs) is one failed result saying so."""
+    process, receiver = worker
+    message: tuple[str, Any] | None = None
+    try:
+        if receiver.poll(max(0.0, deadline - time.monotonic())):
+            message = receiver.recv()
+        else:
+            process.kill()
+            message = ("error", "still running long after its budget (a check that hangs?)")
+    except EOFError:
+        message = None
+    finally:
+        receiver.close()
+    process.join()
+    if message is not None and message[0] == "ok":
+        done: list[Result] = message[1]
+        return done
+    why = message[1] if message is not None else f"exit code {process.exitcode}"
+    return [
+        MutatorResult(
+            target.name,
+            "mutators",
+            failure=f"the mutation worker of {target.name} ended abnormally: {why}",
+        )
+    ]
 
 
 def select_targets(targets: Sequence[Target], names: Sequence[str]) -> list[Target]:

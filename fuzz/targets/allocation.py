@@ -54,7 +54,7 @@ def check_from_dict(document: object) -> None:
 TARGET = Target(
     name="allocation",
     description="allocation merge properties (from the tests) and the JSON loader",
-    ci_seconds=30,
+    ci_seconds=20,
     weight=1.0,
     properties=(
         Property(

@@ -253,7 +253,7 @@ def check_tight(session: st_conn.Session) -> None:
 TARGET = Target(
     name="broker",
     description="live broker: split, paused, stalled, oversized, early-closed and idle clients",
-    ci_seconds=60,
+    ci_seconds=45,
     weight=2.0,
     session=_broker_session,
     properties=(

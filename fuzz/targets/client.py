@@ -20,6 +20,7 @@ from pathlib import Path
 from hypothesis import strategies as st
 
 from fuzz.campaign import Property, Target
+from fuzz.mutation import Mutator
 from hami_trio.broker.client import (
     NoAnswer,
     Reason,
@@ -102,24 +103,19 @@ def check_connect_error(err: int) -> None:
     assert outcome.reason is expected, (err, outcome)
 
 
+_RECEIVED = st.one_of(
+    st_client.any_received_bytes(),
+    st_client.valid_responses().map(lambda pair: pair[0]),
+    st_protocol.response_fields().map(lambda f: _RESPONSE.pack(*f)),
+)
+
 TARGET = Target(
     name="client",
     description="client decisions: stat results, connect errors and responses -> trust or a reason",
-    ci_seconds=15,
+    ci_seconds=10,
     weight=0.5,
     properties=(
-        Property(
-            "classify_response",
-            (
-                st.one_of(
-                    st_client.any_received_bytes(),
-                    st_client.valid_responses().map(lambda pair: pair[0]),
-                    st_protocol.response_fields().map(lambda f: _RESPONSE.pack(*f)),
-                ),
-            ),
-            check_response,
-            bytes_corpus=True,
-        ),
+        Property("classify_response", (_RECEIVED,), check_response, bytes_corpus=True),
         Property(
             "check_directory",
             (st_client.stat_results(), st.booleans(), _UIDS),
@@ -127,5 +123,17 @@ TARGET = Target(
         ),
         Property("check_socket", (st_client.stat_results(), _UIDS), check_socket_decision),
         Property("connect_error", (st_client.errnos(),), check_connect_error, weight=0.3),
+    ),
+    mutators=(
+        Mutator(
+            "response_bytes",
+            _RECEIVED,
+            check_response,
+            tokens=(b"HPID", b"\x00\x01\x00\x00"),
+            offsets=(0, 4, 6, 8),
+            ints=(2**31 - 1, 2**31, 2**32 - 1),
+            sizes=(0, 11, 12, 13),
+            max_size=32,
+        ),
     ),
 )

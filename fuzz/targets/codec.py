@@ -9,6 +9,11 @@ matter.  ``parse_response`` accepts exactly the 12-byte responses of v1 and rais
 
 Each check below states the expected outcome independently of the code under test (from the
 byte layout), so a codec that is wrong in the same way as its own tests would still fail.
+
+The fast layer (``fuzz/mutation.py``) runs the same oracles over byte mutations: what a peer
+sends (seeded from ``request_streams``) through ``parse_request`` and the incremental reader
+(:func:`check_request_bytes`), and what a client receives (the ``parse_response`` seeds)
+through ``parse_response``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import struct
 from hypothesis import strategies as st
 
 from fuzz.campaign import Property, Target
+from fuzz.mutation import Mutator
 from hami_trio.broker.protocol import (
     MAGIC,
     MAX_PID,
@@ -148,12 +154,44 @@ def check_round_trips(status: Status, pid: int, version: int, command: int) -> N
         assert parsed.status is Status.INVALID_REQUEST
 
 
+def check_request_bytes(data: bytes) -> None:
+    """Any bytes a peer sends: whole, and fed to the reader in two pieces split where the
+    bytes choose, the outcome is the byte-layout oracle's."""
+    check_parse_request(data)
+    cut = data[-1] % (len(data) + 1) if data else 0
+    check_request_reader(data, [data[:cut], data[cut:]])
+
+
+_RESPONSE_BYTES = st.one_of(
+    st_client.any_received_bytes(),
+    st_protocol.response_fields().map(lambda f: _RESPONSE.pack(*f)),
+    st_client.valid_responses().map(lambda pair: pair[0]),
+)
+# What the mutators splice in: the valid messages and their parts.
+_TOKENS = (
+    MAGIC,
+    VALID_REQUEST,
+    Response(Status.OK, 1).encode(),
+    Response(Status.INVALID_REQUEST).encode(),
+    b"\x00\x01",
+    b"\x00\x00",
+)
+# magic, version/status, command, pid; sizes around 8 and 12
+_WIRE_MUTATION = {
+    "tokens": _TOKENS,
+    "offsets": (0, 4, 6, 8),
+    "ints": (1, MAX_PID, 2**31 - 1, 4194304, int.from_bytes(MAGIC, "big")),
+    "sizes": (0, 1, 7, 8, 9, 11, 12, 13, 16, 40),
+    "max_size": 64,
+    "seed_count": 300,
+}
+
 _U16 = st.integers(0, 0xFFFF)
 
 TARGET = Target(
     name="codec",
     description="wire codec: any bytes -> request or ProtocolError(status), round trips",
-    ci_seconds=20,
+    ci_seconds=30,
     weight=1.0,
     properties=(
         Property(
@@ -166,13 +204,7 @@ TARGET = Target(
         Property("request_reader", (_request_and_pieces(),), lambda t: check_request_reader(*t)),
         Property(
             "parse_response",
-            (
-                st.one_of(
-                    st_client.any_received_bytes(),
-                    st_protocol.response_fields().map(lambda f: _RESPONSE.pack(*f)),
-                    st_client.valid_responses().map(lambda pair: pair[0]),
-                ),
-            ),
+            (_RESPONSE_BYTES,),
             check_parse_response,
             bytes_corpus=True,
         ),
@@ -187,6 +219,24 @@ TARGET = Target(
             check_round_trips,
             weight=0.5,
             examples=((Status.OK, MAX_PID, 1, 1), (Status.INVALID_REQUEST, 1, 0, 0)),
+        ),
+    ),
+    mutators=(
+        Mutator(
+            "request_bytes",
+            st_protocol.request_streams(),
+            check_request_bytes,
+            examples=(b"", VALID_REQUEST, VALID_REQUEST + b"\xff" * 8),
+            weight=4.0,
+            **_WIRE_MUTATION,  # type: ignore[arg-type]
+        ),
+        Mutator(
+            "response_bytes",
+            _RESPONSE_BYTES,
+            check_parse_response,
+            examples=(Response(Status.OK, MAX_PID).encode(),),
+            weight=3.0,
+            **_WIRE_MUTATION,  # type: ignore[arg-type]
         ),
     ),
 )

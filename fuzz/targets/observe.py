@@ -84,7 +84,7 @@ _BIG_NODES = st_feedback.observed_maps(max_size=64)
 TARGET = Target(
     name="observe",
     description="Observe over random nodes: upstream agreement, invariants, bounded memory",
-    ci_seconds=25,
+    ci_seconds=17,
     weight=1.0,
     properties=(
         Property(
