@@ -13,7 +13,7 @@ __all__ = ["all_targets"]
 
 def all_targets() -> list[Target]:
     """Every target (imported on demand: a target's module may start nothing at import)."""
-    from fuzz.targets import allocation, broker, client, codec, layout, observe
+    from fuzz.targets import allocation, broker, client, codec, layout, observe, remover
 
     return [
         codec.TARGET,
@@ -22,4 +22,5 @@ def all_targets() -> list[Target]:
         broker.TARGET,
         layout.TARGET,
         observe.TARGET,
+        remover.TARGET,
     ]

@@ -16,9 +16,9 @@ a force-deleted pod's processes still run, change it while it is being removed.
   directory is being read (``os.scandir`` on a descriptor; no listing is ever materialised).
   The walk keeps a stack of at most ``max_depth`` open directories (two descriptors each: the
   directory and its reader) and their names; a subdirectory found at that depth is *moved up*
-  (``renameat`` into the container directory itself, under a fresh ``.hami-trio-removing-N``
-  name) instead of being entered, so a chain of any depth is removed as a series of chains
-  at most ``max_depth`` deep.  Both ends of the rename are descriptors inside the tree being
+  (``renameat`` into the container directory itself, under a fresh random
+  ``.hami-trio-removing-*`` name that nothing holds) instead of being entered, so a chain
+  of any depth is removed as a series of chains at most ``max_depth`` deep.  Both ends of the rename are descriptors inside the tree being
   removed, so nothing leaves it.  Entries that cannot be removed are remembered by
   ``(st_dev, st_ino)`` so that they are skipped, at most ``max_failures`` of them; past
   that the removal stops.
@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -427,8 +428,10 @@ class TreeRemover:
         top = self._frames[0]
         last: OSError | None = None
         for _ in range(_MOVE_ATTEMPTS):
-            target = f"{MOVED_PREFIX}{self._moved}"
-            self._moved += 1
+            # Unpredictable, so that a tenant cannot take every name in advance.
+            target = f"{MOVED_PREFIX}{secrets.token_hex(8)}"
+            if self._taken(top.fd, target):
+                continue  # rename would replace an empty directory the walk has listed
             try:
                 os.rename(name, target, src_dir_fd=frame.fd, dst_dir_fd=top.fd)
             except FileNotFoundError:
@@ -438,10 +441,21 @@ class TreeRemover:
                 if exc.errno in _IN_THE_WAY:
                     continue  # a tenant's entry holds that name: try the next one
                 break
+            self._moved += 1
             return
-        assert last is not None
-        self._record(frame, name, f"cannot move it up: {self._reason(last)}")
+        why = self._reason(last) if last is not None else "no free name"
+        self._record(frame, name, f"cannot move it up: {why}")
         self._remember(key)
+
+    @staticmethod
+    def _taken(dir_fd: int, name: str) -> bool:
+        try:
+            os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True
+        return True
 
     def _leave(self, frame: _Frame) -> None:
         """``frame`` has been scanned to its end: remove it (or find out why not) and pop."""
