@@ -19,9 +19,9 @@ a force-deleted pod's processes still run, change it while it is being removed.
   (``renameat`` into the container directory itself, under a fresh random
   ``.hami-trio-removing-*`` name that nothing holds) instead of being entered, so a chain
   of any depth is removed as a series of chains at most ``max_depth`` deep.  Both ends of
-  the rename are descriptors inside the tree being removed, so nothing leaves it.  Entries that cannot be removed are remembered by
-  ``(st_dev, st_ino)`` so that they are skipped, at most ``max_failures`` of them; past
-  that the removal stops.
+  the rename are descriptors inside the tree being removed, so nothing leaves it.  Entries
+  that cannot be removed are remembered by ``(st_dev, st_ino)`` so that they are skipped,
+  at most ``max_failures`` of them; past that the removal stops.
 - **Budgeted and resumable.**  :meth:`TreeRemover.step` does at most ``budget.ops`` entries
   and at most ``budget.seconds`` of work, then returns; the next call resumes where it
   stopped.  The caller (the lister) runs one step per monitor tick in a worker thread that
