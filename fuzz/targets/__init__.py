@@ -13,7 +13,17 @@ __all__ = ["all_targets"]
 
 def all_targets() -> list[Target]:
     """Every target (imported on demand: a target's module may start nothing at import)."""
-    from fuzz.targets import allocation, broker, client, codec, layout, migalloc, observe, pods
+    from fuzz.targets import (
+        allocation,
+        broker,
+        client,
+        codec,
+        layout,
+        migalloc,
+        observe,
+        pods,
+        remover,
+    )
 
     return [
         codec.TARGET,
@@ -24,4 +34,5 @@ def all_targets() -> list[Target]:
         observe.TARGET,
         migalloc.TARGET,
         pods.TARGET,
+        remover.TARGET,
     ]

@@ -9,10 +9,14 @@ container's first ``cuInit``.  Each :meth:`ContainerLister.update`:
    warning), names that do not split on the first ``_`` into two non-empty parts are
    skipped with one warning each (not one per tick);
 2. asks the injected :class:`~hami_trio.monitor.podsource.PodSource` about the pod; when the
-   source is authoritative and does not know the pod, the directory is removed - with
-   ``shutil.rmtree`` relative to the directory descriptor, which never follows symlinks, in
-   a worker thread at the end of the tick - once its mtime is older than the resync
-   interval, after its file handle is closed;
+   source is authoritative and does not know the pod, the directory is scheduled for
+   removal once its mtime is older than the resync interval: its file handle is closed, it
+   leaves the view at once, and the tick never looks at it again.  The removal itself
+   (:mod:`hami_trio.monitor.remover`: iterative, never follows a link or opens anything but
+   a directory, bounded memory and descriptors) runs off the tick, in
+   :meth:`ContainerLister.serve_removals`: one budgeted step per tick in a worker thread the
+   tick does not wait for; a directory it could not remove completely comes back to the
+   tick, which decides again under the same rules;
 3. for a container with an open handle, ``lstat``\\ s the cache path and checks it still names
    the open file (device, inode, regular, one link); if so, reads the live ranges; if not,
    counts ``replaced``, closes the handle and re-lists the directory;
@@ -67,9 +71,9 @@ from __future__ import annotations
 import enum
 import logging
 import os
-import shutil
 import stat
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -83,6 +87,7 @@ from hami_trio.monitor.feedback import Write
 from hami_trio.monitor.layout import LAYOUTS, MAX_SLOTS, ControlField, RejectReason
 from hami_trio.monitor.podsource import PodInfo, PodSource
 from hami_trio.monitor.region import RegionHandle
+from hami_trio.monitor.remover import Budget, TreeRemover
 from hami_trio.monitor.usage import UsageSnapshot
 
 __all__ = [
@@ -247,6 +252,9 @@ class ContainerLister:
             (the self-metrics counter).
         wall_clock: Unix time source, compared with directory mtimes (injectable for tests).
         log_interval: seconds between two log lines about the same container.
+        on_removal: called with ``"removed"`` or ``"failed"`` each time the removal of a gone
+            pod's directory ends (the self-metrics counter).
+        removal_budget: the work of one removal step (one step per tick).
     """
 
     def __init__(
@@ -258,6 +266,8 @@ class ContainerLister:
         on_reject: Callable[[str], None] | None = None,
         wall_clock: Callable[[], float] = time.time,
         log_interval: float = 60.0,
+        on_removal: Callable[[str], None] | None = None,
+        removal_budget: Budget | None = None,
     ) -> None:
         self._root = os.fspath(containers_dir)
         self._pods = pod_source
@@ -265,7 +275,14 @@ class ContainerLister:
         self._on_reject = on_reject
         self._wall_clock = wall_clock
         self._tracked: dict[str, _Tracked] = {}
-        self._doomed: list[str] = []
+        self._on_removal = on_removal
+        self._removal_budget = removal_budget if removal_budget is not None else Budget()
+        # Directories scheduled for removal (the tick skips them) in order, with the inode
+        # the tick listed, and the one being removed now.
+        self._removing: set[str] = set()
+        self._removal_queue: deque[tuple[str, int | None]] = deque()
+        self._remover: TreeRemover | None = None
+        self._removal_wanted = trio.Event()
         self._warned: set[str] = set()
         self._root_missing_logged = False
         self._limiter = RateLimiter(log_interval, max_keys=4096)
@@ -292,7 +309,6 @@ class ContainerLister:
         docstring) and once more before publishing.  If cancelled there, nothing is
         published and the previous view stays; the next call starts over.
         """
-        self._doomed = []
         try:
             root_fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -350,9 +366,8 @@ class ContainerLister:
         self._forget(seen)
         self._warned.intersection_update(entry.name for entry in entries)
         self._view = MappingProxyType(states)
-        doomed, self._doomed = self._doomed, []
-        for name in doomed:
-            await trio.to_thread.run_sync(self._remove, name)
+        if self._removing:
+            self._removal_wanted.set()  # one removal step per tick (serve_removals)
         return self._view
 
     def _warn_once(self, name: str, msg: str, *args: object) -> None:
@@ -379,12 +394,14 @@ class ContainerLister:
                 name, "skipping directory with unexpected name %r (want PodUID_Container)", name
             )
             return None
+        if name in self._removing:
+            return None  # being removed: not read, not written, not decided again
         pod = self._pods.lookup(key.pod_uid)
         if pod is None and self._pods.authoritative and self._expired(entry, now):
             tracked = self._tracked.pop(name, None)
             if tracked is not None:
                 tracked.drop_handle()
-            self._doomed.append(name)
+            self._schedule_removal(name, entry)
             return None
         tracked = self._tracked.get(name)
         if tracked is None:
@@ -398,32 +415,100 @@ class ContainerLister:
             return False
         return now - mtime >= self._resync
 
-    def _remove(self, name: str) -> None:
-        """Delete one container directory (runs in a worker thread: a tenant may have filled
-        it with millions of files, which must not stall the event loop)."""
+    # -- removing gone pods' directories --------------------------------------------------
+
+    def _schedule_removal(self, name: str, entry: os.DirEntry[str]) -> None:
         logger.info(
             "removing %s/%s: its pod is gone and it is older than the resync interval (%gs)",
             self._root,
             name,
             self._resync,
         )
+        self._removing.add(name)
+        self._removal_queue.append((name, entry.inode()))
+
+    @property
+    def removals_pending(self) -> int:
+        """Directories scheduled for removal and not yet finished (the current one included)."""
+        return len(self._removing)
+
+    async def serve_removals(self) -> None:
+        """Run the removals, one budgeted step after each tick that found work; never returns.
+
+        Run it in the nursery of whoever calls :meth:`update` (the Monitor does); cancelling
+        it waits for at most one step's budget (a worker thread cannot be interrupted).
+        """
+        while True:
+            await self._removal_wanted.wait()
+            self._removal_wanted = trio.Event()
+            await self.remove_step()
+
+    async def remove_step(self) -> bool:
+        """One budgeted step of the current removal, in a worker thread.
+
+        Returns:
+            True while removals remain scheduled.
+        """
+        remover = self._remover
+        if remover is None:
+            if not self._removal_queue:
+                return False
+            name, ino = self._removal_queue.popleft()
+            remover = self._remover = TreeRemover(self._root, name, expect_ino=ino)
         try:
-            root_fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                # fd-based rmtree: never follows a symlink placed inside by a tenant.
-                shutil.rmtree(name, dir_fd=root_fd)
-            finally:
-                os.close(root_fd)
-        except OSError as exc:
+            done = await trio.to_thread.run_sync(remover.step, self._removal_budget)
+        finally:
+            self._report_failures(remover)
+        if done:
+            self._remover = None
+            remover.close()
+            self._removing.discard(remover.name)
+            outcome = remover.outcome or "failed"
+            if outcome == "removed":
+                logger.info("removed %s (%d entries)", remover.path, remover.removed)
+            else:
+                self._limiter.log(
+                    logger,
+                    logging.WARNING,
+                    ("removal", remover.name),
+                    "could not remove all of %s: %d entries not removed (removed %d); the "
+                    "tick decides again (once it is older than the resync interval)",
+                    remover.path,
+                    remover.failures,
+                    remover.removed,
+                )
+            if self._on_removal is not None:
+                self._on_removal(outcome)
+        return bool(self._removing)
+
+    def _report_failures(self, remover: TreeRemover) -> None:
+        failures, dropped = remover.drain_failures()
+        for failure in failures:
             self._limiter.log(
                 logger,
                 logging.WARNING,
-                ("rmtree", name),
-                "cannot remove %s/%s: %s",
-                self._root,
-                name,
-                exc,
+                ("remove", remover.name, failure.reason),
+                "removing %s: not removed: %r: %s",
+                remover.path,
+                failure.path,
+                failure.reason,
             )
+        if dropped:
+            self._limiter.log(
+                logger,
+                logging.WARNING,
+                ("remove-more", remover.name),
+                "removing %s: %d more entries not removed",
+                remover.path,
+                dropped,
+            )
+
+    def _stop_removal(self) -> None:
+        remover, self._remover = self._remover, None
+        if remover is not None:
+            remover.close()
+            # Resumed (from what is left) by the next serve_removals.
+            self._removal_queue.appendleft((remover.name, None))
 
     def _forget(self, seen: set[str]) -> None:
         for name in [n for n in self._tracked if n not in seen]:
@@ -667,7 +752,7 @@ class ContainerLister:
         done = 0
         for key, values in grouped.items():
             tracked = self._tracked.get(key.dirname)
-            if tracked is None or tracked.handle is None:
+            if tracked is None or tracked.handle is None or key.dirname in self._removing:
                 continue
             try:
                 tracked.handle.write_controls(values)
@@ -692,5 +777,7 @@ class ContainerLister:
         return done
 
     def close(self) -> None:
-        """Close every handle (the view stays readable)."""
+        """Close every handle and the current removal's descriptors (the view stays readable;
+        an unfinished removal resumes with the next :meth:`serve_removals`)."""
         self._forget(set())
+        self._stop_removal()

@@ -37,8 +37,10 @@ at once; start-up never fails because of it.
 Self-metrics (names fixed by the project's metric contract) go into the injected registry:
 ``hami_trio_monitor_tick_duration_seconds``, ``hami_trio_monitor_containers``,
 ``hami_trio_monitor_files_rejected_total{reason}``, ``hami_trio_monitor_mig_paused``,
-``hami_trio_monitor_mig_lock_dir_unsafe`` and
-``hami_trio_monitor_mig_lock_refusals_total{reason}``.
+``hami_trio_monitor_mig_lock_dir_unsafe``,
+``hami_trio_monitor_mig_lock_refusals_total{reason}`` and
+``hami_trio_monitor_removals_total{outcome}`` (gone pods' directories; the removal runs
+beside the ticks, see the lister).
 
 API for the daemon and the metrics collector::
 
@@ -439,6 +441,15 @@ class _SelfMetrics:
         )
         for mig_reason in MIG_LOCK_REASONS:
             self.mig_dir_refusals.labels(reason=mig_reason)
+        self.removals = Counter(
+            "hami_trio_monitor_removals_total",
+            "Removals of gone pods' container directories that ended, by outcome "
+            "(removed, failed: something was left behind).",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in ("removed", "failed"):
+            self.removals.labels(outcome=outcome)
 
 
 class _LockWatch:
@@ -550,6 +561,7 @@ class Monitor:
             resync_interval=config.resync_interval,
             on_reject=lambda reason: self._metrics.rejected.labels(reason=reason).inc(),
             wall_clock=wall_clock,
+            on_removal=lambda outcome: self._metrics.removals.labels(outcome=outcome).inc(),
         )
         self._watch = _LockWatch(config.mig_lock_path, self._lock_changed)
         self._paused = False
@@ -751,6 +763,7 @@ class Monitor:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch.run)
+                nursery.start_soon(self._lister.serve_removals)
                 next_tick = trio.current_time()
                 while not self._stopping():
                     if self._lock_present():

@@ -23,6 +23,7 @@ from hami_trio.monitor.lister import (
     parse_container_dirname,
 )
 from hami_trio.monitor.podsource import PodInfo, StaticPodSource
+from hami_trio.monitor.remover import Budget
 
 V1 = LAYOUTS[Format.V1]
 
@@ -242,8 +243,72 @@ async def test_old_dir_of_unknown_pod_is_removed_and_its_handle_closed(root: Pat
     os.utime(directory, (old, old))
     view = await lister.update()
     assert list(view) == [key("live_c")]
-    assert not directory.exists()
     assert handle.closed
+    assert directory.exists()  # the tick only schedules the removal
+    assert lister.removals_pending == 1
+    assert await lister.remove_step() is False
+    assert not directory.exists()
+    assert lister.removals_pending == 0
+
+
+async def test_removal_runs_a_budget_per_step_and_the_tick_never_looks_at_it(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = container(root, "gone_c", "x.cache")
+    for index in range(100):
+        (directory / f"junk{index}").touch()
+    container(root, "live_c", "x.cache")
+    old = time.time() - 1000
+    os.utime(directory, (old, old))
+    outcomes: list[str] = []
+    lister = make(
+        root,
+        StaticPodSource([PodInfo(uid="live", namespace="n", name="q")]),
+        resync_interval=60,
+        on_removal=outcomes.append,
+        removal_budget=Budget(ops=10),
+    )
+    caplog.set_level(logging.INFO, logger="hami_trio.monitor.lister")
+    steps = 0
+    while directory.exists():
+        # The directory's mtime is fresh again after the first step: a tick that looked at
+        # it now would keep it (and read its file); it does neither.
+        view = await lister.update()
+        assert list(view) == [key("live_c")]
+        assert "gone_c" not in lister._tracked
+        # Nothing is written for it while it is being removed.
+        lister.apply([Write(key("gone_c"), ControlField.RECENT_KERNEL, -1)])
+        await lister.remove_step()
+        steps += 1
+        assert steps < 100
+    assert steps >= 10
+    assert outcomes == ["removed"]
+    assert lister.removals_pending == 0
+    assert "removing " in caplog.text
+    assert f"removed {directory}" in caplog.text
+
+
+async def test_a_removal_that_fails_is_counted_logged_and_decided_again(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = container(root, "gone_c", "x.cache")
+    old = time.time() - 1000
+    os.utime(directory, (old, old))
+    outcomes: list[str] = []
+    lister = make(root, StaticPodSource([]), resync_interval=60, on_removal=outcomes.append)
+    await lister.update()
+    # The containers directory goes away under the remover: the step fails, not the agent.
+    moved = root.parent / "elsewhere"
+    os.rename(root, moved)
+    assert await lister.remove_step() is False
+    assert outcomes == ["failed"]
+    assert "cannot open the containers directory" in caplog.text
+    os.rename(moved, root)
+    await lister.update()  # still gone and old: scheduled again, under the same rules
+    assert lister.removals_pending == 1
+    await lister.remove_step()
+    assert outcomes == ["failed", "removed"]
+    assert not directory.exists()
 
 
 async def test_without_kubernetes_nothing_is_ever_deleted(root: Path) -> None:
@@ -263,7 +328,9 @@ async def test_removal_never_follows_a_symlink_inside(root: Path, tmp_path: Path
     (directory / "escape").symlink_to(precious)
     old = time.time() - 1000
     os.utime(directory, (old, old))
-    await make(root, StaticPodSource([]), resync_interval=60).update()
+    lister = make(root, StaticPodSource([]), resync_interval=60)
+    await lister.update()
+    await lister.remove_step()
     assert not directory.exists()
     assert (precious / "data").read_text() == "keep"
 
