@@ -32,7 +32,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench._results import Results  # noqa: E402
-from tests.daemon.agent import AgentProcess, agent_env  # noqa: E402
+from tests.agent.agent import AgentProcess, agent_env  # noqa: E402
 
 
 def _rss_mib(pid: int) -> float:

@@ -50,7 +50,7 @@ def _import_path(src: str | None) -> None:
 
 
 def _build(base: Path, files: int, depth: int, live: int) -> tuple[Path, list[str]]:
-    from hami_trio.monitor.builder import RegionSpec, write_region
+    from hami_trio.testing.regions import RegionSpec, write_region
 
     containers = base / "hook" / "containers"
     containers.mkdir(parents=True)
@@ -98,7 +98,7 @@ def measure(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     import trio
 
     from hami_trio.monitor.loop import Monitor, MonitorConfig
-    from hami_trio.monitor.podsource import PodInfo, StaticPodSource
+    from hami_trio.pods.source import PodInfo, StaticPodSource
 
     gone, uids = _build(base, args.files, args.depth, args.live)
     config = MonitorConfig(

@@ -48,7 +48,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench._results import Results  # noqa: E402
-from hami_trio.monitor.builder import (  # noqa: E402
+from hami_trio.testing.regions import (  # noqa: E402
     MemoryUse,
     ProcSlot,
     RegionSpec,
@@ -140,11 +140,11 @@ async def scrape_latency(monitor: object) -> Figures:
     import trio
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from hami_trio.config import BindAddress
-    from hami_trio.monitor.http import render_metrics, serve_http
+    from hami_trio.goparse import BindAddress
+    from hami_trio.metrics.collector import BuildInfoCollector, VGpuCollector
+    from hami_trio.metrics.http import render_metrics, serve_http
     from hami_trio.monitor.loop import Monitor
-    from hami_trio.monitor.metrics import BuildInfoCollector, VGpuCollector
-    from hami_trio.monitor.podsource import StaticPodSource
+    from hami_trio.pods.source import StaticPodSource
 
     assert isinstance(monitor, Monitor)
     registry = CollectorRegistry()
@@ -206,7 +206,7 @@ def child(hook: Path, n: int, ticks: int, mode: str) -> Figures:
     import trio
 
     from hami_trio.monitor.loop import Monitor, MonitorConfig
-    from hami_trio.monitor.podsource import PodInfo, StaticPodSource
+    from hami_trio.pods.source import PodInfo, StaticPodSource
 
     pods = StaticPodSource(
         [

@@ -64,7 +64,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench._results import Results  # noqa: E402
-from hami_trio.monitor.builder import (  # noqa: E402
+from hami_trio.monitor.layout import MAX_DEVICES, MAX_SLOTS  # noqa: E402
+from hami_trio.testing.regions import (  # noqa: E402
     MemoryUse,
     ProcSlot,
     RegionSpec,
@@ -72,7 +73,6 @@ from hami_trio.monitor.builder import (  # noqa: E402
     UtilUse,
     write_region,
 )
-from hami_trio.monitor.layout import MAX_DEVICES, MAX_SLOTS  # noqa: E402
 
 NORMAL = 100
 NAME_PAD = "x" * 200
@@ -155,7 +155,7 @@ def child(hook: Path, socket_path: Path, interval: float, monitor_on: bool) -> N
 
     from hami_trio.broker.server import BrokerConfig, serve_broker
     from hami_trio.monitor.loop import Monitor, MonitorConfig
-    from hami_trio.monitor.podsource import StaticPodSource
+    from hami_trio.pods.source import StaticPodSource
 
     class Steps(trio.abc.Instrument):
         """The longest step per kind of task, in wall time and in the thread's CPU time

@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - optional tool
 with atheris.instrument_imports():
     import hami_trio.broker.protocol
     import hami_trio.monitor.layout
-    import hami_trio.monitor.usage  # noqa: F401
+    import hami_trio.monitor.snapshot  # noqa: F401
 
 from hypothesis import HealthCheck, given, settings
 

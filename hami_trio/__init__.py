@@ -9,6 +9,8 @@ everything listed in ``__all__`` exists.
 from __future__ import annotations
 
 from hami_trio._version import __version__
+from hami_trio.agent.config import AgentConfig, resolve_config
+from hami_trio.agent.service import AgentHandle, run_agent, serve_agent
 from hami_trio.allocation import (
     ContainerAllocateResponse,
     Mount,
@@ -18,14 +20,10 @@ from hami_trio.allocation import (
 )
 from hami_trio.broker import BrokerConfig, BrokerHandle, serve_broker
 from hami_trio.broker.client import NoAnswer, query_host_pid
-from hami_trio.config import broker_switch_on, parse_bind_address, parse_go_duration
-from hami_trio.daemon import AgentHandle, run_agent, serve_agent
-from hami_trio.daemon_config import AgentConfig, resolve_config
 from hami_trio.errors import (
     AgentError,
     BrokerError,
     BrokerStartupError,
-    CacheFileError,
     CacheFileRejected,
     ConfigError,
     DemoError,
@@ -33,6 +31,7 @@ from hami_trio.errors import (
     LockDirError,
     PodSourceError,
 )
+from hami_trio.goparse import broker_switch_on, parse_bind_address, parse_go_duration
 from hami_trio.monitor import Monitor, MonitorConfig, serve_monitor
 
 __all__ = [
@@ -43,7 +42,6 @@ __all__ = [
     "BrokerError",
     "BrokerHandle",
     "BrokerStartupError",
-    "CacheFileError",
     "CacheFileRejected",
     "ConfigError",
     "ContainerAllocateResponse",

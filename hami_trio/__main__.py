@@ -2,6 +2,6 @@
 
 import sys
 
-from hami_trio.cli import main
+from hami_trio.cli.main import main
 
 sys.exit(main())

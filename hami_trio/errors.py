@@ -13,7 +13,6 @@ __all__ = [
     "AgentError",
     "BrokerError",
     "BrokerStartupError",
-    "CacheFileError",
     "CacheFileRejected",
     "ConfigError",
     "DemoError",
@@ -65,16 +64,6 @@ class LockDirError(HamiTrioError):
     """
 
 
-class CacheFileError(HamiTrioError):
-    """One HAMi-core ``.cache`` file cannot be loaded (too small, bad magic, unknown version,
-    not a regular file, ...).
-
-    Raised per file by the monitor's loader; the monitor skips that container, counts the
-    rejection by reason and logs it (rate-limited).  Tenants control these files, so this is
-    routine, never fatal.
-    """
-
-
 class PodSourceError(HamiTrioError):
     """The Kubernetes pod source cannot be configured (no kubeconfig, no service account).
 
@@ -83,7 +72,7 @@ class PodSourceError(HamiTrioError):
     """
 
 
-class CacheFileRejected(CacheFileError):
+class CacheFileRejected(HamiTrioError):
     """A ``.cache`` file was rejected for a reason the monitor counts and reports.
 
     Raised per file by the monitor's loader and region reader.  ``reason`` is a short
@@ -111,7 +100,7 @@ class HttpServerError(HamiTrioError):
 class AgentError(HamiTrioError):
     """A task of the agent (``hami-trio run``) failed, and with it the whole agent.
 
-    Raised by :func:`hami_trio.daemon.serve_agent` when a task fails after the agent started
+    Raised by :func:`hami_trio.agent.service.serve_agent` when a task fails after the agent started
     (the broker's accept loop, the monitor, the pod watch, the metrics endpoint, ...), or
     fails to start with an error that is not already a :class:`HamiTrioError`.  Every other
     task has been cancelled and cleaned up (the broker's socket removed) before it is raised.

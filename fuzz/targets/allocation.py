@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from fuzz.campaign import Property, Target
 from hami_trio.allocation.response import ContainerAllocateResponse, configure_host_pid_broker
 from hami_trio.errors import ConfigError
-from tests.allocation import test_paths, test_response
+from tests.allocation import test_constants as test_paths
+from tests.allocation import test_response
 from tests.strategies import allocation as st_alloc
 
 __all__ = ["TARGET"]

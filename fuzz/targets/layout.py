@@ -66,7 +66,7 @@ from hami_trio.monitor.layout import (
     layout_for_size,
 )
 from hami_trio.monitor.region import RegionHandle
-from hami_trio.monitor.usage import UsageSnapshot, parse_region
+from hami_trio.monitor.snapshot import UsageSnapshot, parse_region
 from tests.monitor import test_layout
 from tests.strategies import layout as st_layout
 

@@ -22,8 +22,9 @@ from typing import Any
 from hypothesis import strategies as st
 
 from fuzz.campaign import Property, Target
-from hami_trio.monitor.migalloc import MigAnnotationError, decode_mig_allocations
-from tests.monitor import test_metrics, test_migalloc
+from hami_trio.pods.migalloc import MigAnnotationError, decode_mig_allocations
+from tests.metrics import test_collector as test_metrics
+from tests.pods import test_migalloc
 from tests.strategies import metrics as st_metrics
 
 __all__ = ["TARGET"]

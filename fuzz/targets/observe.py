@@ -27,7 +27,7 @@ from fuzz.campaign import Property, Target
 from hami_trio.errors import CacheFileRejected
 from hami_trio.monitor.feedback import Observed, observe
 from hami_trio.monitor.layout import ControlField
-from hami_trio.monitor.usage import UsageSnapshot, parse_region
+from hami_trio.monitor.snapshot import UsageSnapshot, parse_region
 from tests.monitor import test_feedback
 from tests.strategies import feedback as st_feedback
 from tests.strategies import layout as st_layout

@@ -7,7 +7,7 @@
 - :mod:`~hami_trio.allocation.response` models the kubelet's ContainerAllocateResponse and
   merges the canonical mounts and the broker env switch into it (pure);
 - :func:`allocate` does both, in that order;
-- :mod:`~hami_trio.allocation.cli` exposes them as ``hami-trio prepare-lock-dir`` and
+- :mod:`~hami_trio.cli.allocate` exposes them as ``hami-trio prepare-lock-dir`` and
   ``hami-trio allocate`` for device plugins that are not written in Python.
 
 This namespace only re-exports.
@@ -15,19 +15,19 @@ This namespace only re-exports.
 
 from __future__ import annotations
 
+from hami_trio.allocation.constants import (
+    BROKER_CONTAINER_DIR,
+    BROKER_HOST_DIR,
+    LOCK_PARENT,
+    container_target,
+    go_clean,
+)
 from hami_trio.allocation.integration import allocate
 from hami_trio.allocation.lockdir import (
     LOCK_PARENT_MODE,
     LockParentRefused,
     inspect_lock_parent,
     prepare_lock_parent,
-)
-from hami_trio.allocation.paths import (
-    BROKER_CONTAINER_DIR,
-    BROKER_HOST_DIR,
-    LOCK_PARENT,
-    container_target,
-    go_clean,
 )
 from hami_trio.allocation.response import (
     RESERVED_ENV_KEYS,

@@ -13,8 +13,8 @@ runs it with ``trio.to_thread.run_sync``.
 
 from __future__ import annotations
 
+from hami_trio.allocation.constants import BROKER_HOST_DIR, LOCK_PARENT
 from hami_trio.allocation.lockdir import prepare_lock_parent
-from hami_trio.allocation.paths import BROKER_HOST_DIR, LOCK_PARENT
 from hami_trio.allocation.response import ContainerAllocateResponse, configure_host_pid_broker
 
 __all__ = ["allocate"]

@@ -54,7 +54,7 @@ from typing import Final, Literal, get_args
 from prometheus_client import Counter
 
 from hami_trio._fs import file_kind
-from hami_trio.allocation.paths import LOCK_PARENT, go_clean
+from hami_trio.allocation.constants import LOCK_PARENT, go_clean
 from hami_trio.errors import LockDirError
 
 __all__ = [

@@ -20,7 +20,7 @@ returns a new response in which:
 4. the parent comes before the nested broker mount - the runtime applies mounts in order,
    and a parent mounted after its child would hide the child;
 5. every other mount stays, in its order.  "Targets" compares
-   :func:`~hami_trio.allocation.paths.container_target` values, so ``/tmp//vgpulock/`` or
+   :func:`~hami_trio.allocation.constants.container_target` values, so ``/tmp//vgpulock/`` or
    ``tmp/./vgpulock`` are replaced too.
 
 The merge is idempotent: applying it to its own output changes nothing.
@@ -34,14 +34,14 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from hami_trio.allocation.paths import (
+from hami_trio.allocation.constants import (
     BROKER_CONTAINER_DIR,
     BROKER_HOST_DIR,
     LOCK_PARENT,
     container_target,
 )
-from hami_trio.config import BROKER_SWITCH_ENV
 from hami_trio.errors import ConfigError
+from hami_trio.goparse import BROKER_SWITCH_ENV
 
 __all__ = [
     "RESERVED_ENV_KEYS",

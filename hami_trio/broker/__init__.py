@@ -7,7 +7,7 @@ re-exports what the agent and library users need to run one.
 
 from __future__ import annotations
 
-from hami_trio.broker.paths import DEFAULT_SOCKET_PATH
+from hami_trio.broker.boundary import DEFAULT_SOCKET_PATH
 from hami_trio.broker.server import BrokerConfig, BrokerHandle, serve_broker
 
 __all__ = ["DEFAULT_SOCKET_PATH", "BrokerConfig", "BrokerHandle", "serve_broker"]

@@ -59,7 +59,7 @@ from hami_trio.broker.protocol import (
     Status,
     parse_response,
 )
-from hami_trio.config import broker_switch_from_env
+from hami_trio.goparse import broker_switch_from_env
 
 __all__ = [
     "DEFAULT_CLIENT_DEADLINE",

@@ -54,7 +54,7 @@ from typing import Final
 import trio
 from prometheus_client import CollectorRegistry
 
-from hami_trio.broker.paths import (
+from hami_trio.broker.boundary import (
     DEFAULT_SOCKET_PATH,
     BrokerSocket,
     default_lock_path,

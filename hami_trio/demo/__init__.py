@@ -10,7 +10,7 @@ Modules, from pure to I/O:
 - :mod:`~hami_trio.demo.workload` - one simulated HAMi-core workload (its own process);
 - :mod:`~hami_trio.demo.runner` - the orchestration: agent, workloads, timeline, shutdown;
 - :mod:`~hami_trio.demo.agent` - the real agent (``serve_agent``) in the demo's process;
-- :mod:`~hami_trio.demo.cli` - the ``demo`` command.
+- :mod:`~hami_trio.cli.demo` - the ``demo`` command.
 
 The entry points are :func:`hami_trio.demo.runner.run_demo` with
 :func:`hami_trio.demo.agent.serve_demo_agent`.  Nothing is imported here on purpose: each

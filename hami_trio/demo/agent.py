@@ -3,18 +3,19 @@
 How this works.  :func:`agent_argv` is the ``hami-trio run`` command line the demo stands
 for - ``--no-kubernetes``, the demo's hook path, broker socket and MIG lock, its interval,
 ``/metrics`` on the loopback interface - and :data:`AGENT_ENV` its environment (the broker's
-switch, ``LIBVGPU_HOSTPID_BROKER=1``).  :func:`serve_demo_agent` resolves them with the
-``run`` command's own parser and :func:`~hami_trio.daemon_config.resolve_config`, checks the
-host like the command does, and runs :func:`~hami_trio.daemon.serve_agent` - the agent itself,
-one nursery with the broker, the monitor and the endpoint - in the demo's nursery.  The
-agent's log goes to a file in the demo's root, so it does not tear the live table.
+switch, ``LIBVGPU_HOSTPID_BROKER=1``).  :func:`serve_demo_agent` resolves them with
+:func:`~hami_trio.agent.config.config_from_flags` (the ``run`` command's rules, without its
+parser), checks the host like the command does, and runs
+:func:`~hami_trio.agent.service.serve_agent` - the agent itself, one nursery with the broker,
+the monitor and the endpoint - in the demo's nursery.  The agent's log goes to a file in the
+demo's root, so it does not tear the live table.
 
 In-process rather than a child process, because:
 
 - it is the same ``serve_agent`` that ``hami-trio run`` runs (which only adds the process's
   signal handling; the demo handles Ctrl-C for the agent and the workloads together);
 - its handle gives the real port when port 0 was asked for, and a graceful
-  :meth:`~hami_trio.daemon.AgentHandle.request_stop` whose end the demo awaits;
+  :meth:`~hami_trio.agent.service.AgentHandle.request_stop` whose end the demo awaits;
 - an agent failure arrives as one exception in the demo's nursery, and nothing of the agent
   can outlive the demo, even if the demo is killed.
 
@@ -33,36 +34,43 @@ from typing import TYPE_CHECKING, Any, Final, TextIO, cast
 
 import trio
 
-from hami_trio.config import BROKER_SWITCH_ENV, BindAddress
+from hami_trio.agent.config import check_host, config_from_flags, flag_argv
 from hami_trio.demo.runner import AgentSettings
+from hami_trio.goparse import BROKER_SWITCH_ENV, BindAddress
 from hami_trio.logs import configure_logging
 
 if TYPE_CHECKING:
-    from hami_trio.daemon import AgentHandle
+    from hami_trio.agent.service import AgentHandle
 
-__all__ = ["AGENT_ENV", "DemoAgent", "agent_argv", "agent_command", "serve_demo_agent"]
+__all__ = [
+    "AGENT_ENV",
+    "DemoAgent",
+    "agent_argv",
+    "agent_command",
+    "agent_flags",
+    "serve_demo_agent",
+]
 
 #: The agent's environment: the broker's switch, and nothing from the caller's.
 AGENT_ENV: Final = {BROKER_SWITCH_ENV: "1"}
 
 
+def agent_flags(settings: AgentSettings) -> dict[str, str | bool]:
+    """The demo agent's settings by name (:func:`~hami_trio.agent.config.config_from_flags`)."""
+    paths = settings.paths
+    return {
+        "no_kubernetes": True,
+        "hook_path": str(paths.hook_path),
+        "broker_socket_path": str(paths.socket_path),
+        "mig_lock_path": str(paths.mig_lock),
+        "interval": f"{settings.interval:g}",
+        "metrics_bind_address": str(settings.metrics_bind),
+    }
+
+
 def agent_argv(settings: AgentSettings) -> list[str]:
     """The ``hami-trio run`` arguments of the demo's agent (the subcommand included)."""
-    paths = settings.paths
-    return [
-        "run",
-        "--no-kubernetes",
-        "--hook-path",
-        str(paths.hook_path),
-        "--broker-socket-path",
-        str(paths.socket_path),
-        "--mig-lock-path",
-        str(paths.mig_lock),
-        "--interval",
-        f"{settings.interval:g}",
-        "--metrics-bind-address",
-        str(settings.metrics_bind),
-    ]
+    return ["run", *flag_argv(agent_flags(settings))]
 
 
 def agent_command(settings: AgentSettings) -> str:
@@ -121,13 +129,11 @@ async def serve_demo_agent(
     Raises:
         ConfigError: the resolved configuration is unusable (a path the agent refuses).
         HamiTrioError: a task of the agent could not start, or failed after the start (see
-            :func:`~hami_trio.daemon.serve_agent`).
+            :func:`~hami_trio.agent.service.serve_agent`).
     """
-    from hami_trio.cli import build_parser
-    from hami_trio.daemon import serve_agent
-    from hami_trio.daemon_config import check_host, resolve_config
+    from hami_trio.agent.service import serve_agent
 
-    config = resolve_config(build_parser().parse_args(agent_argv(settings)), AGENT_ENV)
+    config = config_from_flags(agent_flags(settings), AGENT_ENV)
     check_host(config)
     log = _open_log(settings)
     try:

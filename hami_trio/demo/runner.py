@@ -45,8 +45,7 @@ from typing import Any, Final, Protocol, TextIO
 
 import trio
 
-from hami_trio.config import BindAddress
-from hami_trio.daemon import StartRecorder
+from hami_trio._trio import StartRecorder
 from hami_trio.demo.report import RunRecord, WorkloadRecord, render_summary, summarize
 from hami_trio.demo.sandbox import NOBODY, SANDBOX_CACHE_DIR
 from hami_trio.demo.scenario import (
@@ -61,6 +60,7 @@ from hami_trio.demo.scrape import SCRAPE_TIMEOUT, scrape
 from hami_trio.demo.view import Screen
 from hami_trio.demo.workload import WorkloadPlan
 from hami_trio.errors import ConfigError, DemoError, HamiTrioError
+from hami_trio.goparse import BindAddress
 
 __all__ = [
     "AgentServer",

@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from hami_trio.config import BROKER_SWITCH_ENV
 from hami_trio.errors import ConfigError
+from hami_trio.goparse import BROKER_SWITCH_ENV
 
 __all__ = [
     "GPU_A",

@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from hami_trio.broker.client import DEFAULT_CLIENT_SOCKET_PATH, NoAnswer, query_host_pid
-from hami_trio.config import broker_switch_from_env
 from hami_trio.demo.sandbox import (
     SandboxSpec,
     drop_privileges,
@@ -52,7 +51,8 @@ from hami_trio.demo.sandbox import (
 )
 from hami_trio.demo.scenario import Behaviour, busy_at, memory_at, parse_memory_size
 from hami_trio.errors import ConfigError
-from hami_trio.monitor.builder import (
+from hami_trio.goparse import broker_switch_from_env
+from hami_trio.testing.regions import (
     MemoryUse,
     ProcSlot,
     RegionSpec,

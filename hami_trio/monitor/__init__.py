@@ -3,15 +3,14 @@
 Layers, from pure to I/O (each module opens with how it works):
 
 - :mod:`~hami_trio.monitor.layout` - the v0/v1 byte layouts and the loader rule (pure);
-- :mod:`~hami_trio.monitor.usage` - immutable :class:`UsageSnapshot` parsed from bytes (pure);
+- :mod:`~hami_trio.monitor.snapshot` - immutable :class:`UsageSnapshot` parsed from bytes (pure);
 - :mod:`~hami_trio.monitor.feedback` - HAMi's Observe decisions, bounded (pure);
 - :mod:`~hami_trio.monitor.region` - one tenant-owned ``.cache`` file, pread/pwrite only;
 - :mod:`~hami_trio.monitor.lister` - ``$HOOK_PATH/containers`` -> one state per container;
-- :mod:`~hami_trio.monitor.loop` - the tick loop, MIG lock, self-metrics;
-- :mod:`~hami_trio.monitor.builder` - writes ``.cache`` files (tests, benchmarks, demo);
-- :mod:`~hami_trio.monitor.podsource` - the pods the monitor knows (protocol).
+- :mod:`~hami_trio.monitor.loop` - the tick loop, MIG lock, self-metrics.
 
-This namespace re-exports what the daemon and the metrics collector use.
+The pods the monitor knows come through the :class:`~hami_trio.pods.source.PodSource`
+protocol the agent passes in.  This namespace re-exports what the agent uses.
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ from __future__ import annotations
 from hami_trio.monitor.layout import Format, RejectReason
 from hami_trio.monitor.lister import ContainerKey, ContainerState, ContainerStatus, Rejection
 from hami_trio.monitor.loop import Monitor, MonitorConfig, serve_monitor
-from hami_trio.monitor.podsource import PodInfo, PodSource, StaticPodSource
-from hami_trio.monitor.usage import DeviceUsage, DeviceUUID, UsageSnapshot, UUIDState
+from hami_trio.monitor.snapshot import DeviceUsage, DeviceUUID, UsageSnapshot, UUIDState
 
 __all__ = [
     "ContainerKey",
@@ -31,11 +29,8 @@ __all__ = [
     "Format",
     "Monitor",
     "MonitorConfig",
-    "PodInfo",
-    "PodSource",
     "RejectReason",
     "Rejection",
-    "StaticPodSource",
     "UUIDState",
     "UsageSnapshot",
     "serve_monitor",

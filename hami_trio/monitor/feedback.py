@@ -103,11 +103,6 @@ class Activity:
         self._counts = {key: per for key, per in self._counts.items() if per}
         self._best = {key: min(per) for key, per in self._counts.items()}
 
-    @classmethod
-    def from_lists(cls, per_device: Mapping[bytes, Sequence[int]]) -> Activity:
-        """Build from upstream's shape: ``{uuid: [count at priority 0, 1, ...]}``."""
-        return cls({key: dict(enumerate(counts)) for key, counts in per_device.items()})
-
     @property
     def counts(self) -> Mapping[bytes, Mapping[int, int]]:
         """``uuid -> priority -> count`` (positive counts only)."""

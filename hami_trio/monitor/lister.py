@@ -8,7 +8,7 @@ container's first ``cuInit``.  Each :meth:`ContainerLister.update`:
    deterministic); entries that are not real directories are skipped (a symlink with one
    warning), names that do not split on the first ``_`` into two non-empty parts are
    skipped with one warning each (not one per tick);
-2. asks the injected :class:`~hami_trio.monitor.podsource.PodSource` about the pod; when the
+2. asks the injected :class:`~hami_trio.pods.source.PodSource` about the pod; when the
    source is authoritative and does not know the pod, the directory is scheduled for
    removal once its mtime is older than the resync interval: its file handle is closed, it
    leaves the view at once, and the tick never looks at it again.  The removal itself
@@ -85,10 +85,10 @@ from hami_trio.errors import CacheFileRejected
 from hami_trio.logs import RateLimiter
 from hami_trio.monitor.feedback import Write
 from hami_trio.monitor.layout import LAYOUTS, MAX_SLOTS, ControlField, RejectReason
-from hami_trio.monitor.podsource import PodInfo, PodSource
 from hami_trio.monitor.region import RegionHandle
 from hami_trio.monitor.remover import Budget, TreeRemover
-from hami_trio.monitor.usage import UsageSnapshot
+from hami_trio.monitor.snapshot import UsageSnapshot
+from hami_trio.pods.source import PodInfo, PodSource
 
 __all__ = [
     "CHECKPOINT_EVERY",

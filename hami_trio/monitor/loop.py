@@ -73,14 +73,13 @@ import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from hami_trio._fs import file_kind
-from hami_trio.config import parse_go_duration
 from hami_trio.errors import ConfigError
 from hami_trio.logs import RateLimiter
 from hami_trio.monitor.feedback import observe
 from hami_trio.monitor.layout import RejectReason
 from hami_trio.monitor.lister import ContainerKey, ContainerLister, ContainerState
-from hami_trio.monitor.podsource import PodSource
-from hami_trio.monitor.usage import UsageSnapshot
+from hami_trio.monitor.snapshot import UsageSnapshot
+from hami_trio.pods.source import PodSource
 
 __all__ = [
     "DEFAULT_INTERVAL",
@@ -119,7 +118,7 @@ _LOST_EVENTS = (
 
 @dataclass(frozen=True, slots=True)
 class MonitorConfig:
-    """Everything the monitor needs to run (SPEC M-1).  Build with :meth:`from_env`.
+    """Everything the monitor needs to run (the agent builds it from its own configuration).
 
     ``tick_deadline`` None means "the interval".
     """
@@ -142,60 +141,6 @@ class MonitorConfig:
     def containers_dir(self) -> Path:
         """``$HOOK_PATH/containers``."""
         return self.hook_path / "containers"
-
-    @classmethod
-    def from_env(
-        cls,
-        env: Mapping[str, str],
-        *,
-        hook_path: str | os.PathLike[str] | None = None,
-        interval: float | None = None,
-        mig_lock_path: str | os.PathLike[str] | None = None,
-        tick_deadline: float | None = None,
-    ) -> MonitorConfig:
-        """Read ``HOOK_PATH`` and ``HAMI_RESYNC_INTERVAL``; flags given here win.
-
-        Args:
-            env: the environment (``os.environ``).
-            hook_path: ``--hook-path``, overriding ``HOOK_PATH``.
-            interval: ``--interval`` in seconds.
-            mig_lock_path: ``--mig-lock-path``.
-            tick_deadline: per-tick deadline in seconds (default: the interval).
-
-        Returns:
-            The configuration.  An invalid ``HAMI_RESYNC_INTERVAL`` (not a Go duration, or
-            negative) is logged as a warning and replaced by the default 5m, as HAMi does.
-
-        Raises:
-            ConfigError: ``HOOK_PATH`` unset/empty or not an existing directory; a
-                non-positive interval.
-        """
-        raw_hook = os.fspath(hook_path) if hook_path is not None else env.get(HOOK_PATH_ENV, "")
-        if not raw_hook:
-            raise ConfigError(
-                f"{HOOK_PATH_ENV} is not set: set it (or --hook-path) to the HAMi hook "
-                "directory, e.g. /usr/local/vgpu, whose containers/ holds the .cache files"
-            )
-        hook = Path(raw_hook)
-        if not hook.is_dir():
-            raise ConfigError(f"{HOOK_PATH_ENV}={raw_hook!r} does not exist or is not a directory")
-        resync = DEFAULT_RESYNC_INTERVAL
-        text = env.get(RESYNC_ENV)
-        if text:
-            try:
-                value = parse_go_duration(text, name=RESYNC_ENV)
-                if value < 0:
-                    raise ConfigError(f"{RESYNC_ENV}: negative duration {text!r}")
-                resync = value
-            except ConfigError as exc:
-                logger.warning("%s; using the default %gs", exc, DEFAULT_RESYNC_INTERVAL)
-        return cls(
-            hook_path=hook,
-            interval=DEFAULT_INTERVAL if interval is None else interval,
-            resync_interval=resync,
-            mig_lock_path=(DEFAULT_MIG_LOCK_PATH if mig_lock_path is None else Path(mig_lock_path)),
-            tick_deadline=tick_deadline,
-        )
 
 
 #: Why the MIG lock directory was refused (the ``reason`` label of

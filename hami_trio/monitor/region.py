@@ -37,7 +37,6 @@ from hami_trio._fs import file_kind
 from hami_trio.errors import CacheFileRejected
 from hami_trio.monitor.layout import (
     HEADER_SIZE,
-    MAX_DEVICES,
     ControlField,
     Layout,
     RejectReason,
@@ -45,7 +44,7 @@ from hami_trio.monitor.layout import (
     classify,
     layout_for_size,
 )
-from hami_trio.monitor.usage import (
+from hami_trio.monitor.snapshot import (
     SlotTotals,
     StaticInfo,
     UsageSnapshot,
@@ -66,7 +65,6 @@ _I32 = struct.Struct("<i")
 #: regions: +105 MB RSS) and make every full garbage collection walk them (+5-10 ms per
 #: collection, a stall of the whole event loop).
 KEEP_ROWS_SLOTS = 64
-_U64 = struct.Struct("<Q")
 _PROC_NUM = struct.Struct("<i")
 
 
@@ -389,41 +387,6 @@ class RegionHandle:
                 RejectReason.IO_ERROR, f"{self.display}: no successful read to write against"
             )
         self._store([(field.offset(layout), _pack(_I32, v, field.value)) for field, v in values])
-
-    def write_control(self, field: ControlField, value: int) -> None:
-        """:meth:`write_controls` for one word."""
-        self.write_controls([(field, value)])
-
-    def _limit_offset(self, base: str, index: int) -> int:
-        if not 0 <= index < MAX_DEVICES:
-            raise ValueError(f"device index {index} out of range 0..{MAX_DEVICES - 1}")
-        if self._layout is None:
-            raise CacheFileRejected(
-                RejectReason.IO_ERROR, f"{self.display}: no successful read to write against"
-            )
-        start = self._layout.limit if base == "limit" else self._layout.sm_limit
-        return start + 8 * index
-
-    def set_memory_limit(self, index: int, value: int) -> None:
-        """Store ``limit[index]`` (bytes) with one aligned 8-byte ``pwrite``.  Unused by the
-        feedback loop today; kept for parity with HAMi's ``SetDeviceMemoryLimit``.
-
-        Raises:
-            ValueError: bad index or a value that does not fit a uint64.
-            CacheFileRejected: as :meth:`write_control`.
-        """
-        packed = _pack(_U64, value, "limit")
-        self._store([(self._limit_offset("limit", index), packed)])
-
-    def set_sm_limit(self, index: int, value: int) -> None:
-        """Store ``sm_limit[index]`` (percent) with one aligned 8-byte ``pwrite``.
-
-        Raises:
-            ValueError: bad index or a value that does not fit a uint64.
-            CacheFileRejected: as :meth:`write_control`.
-        """
-        packed = _pack(_U64, value, "sm_limit")
-        self._store([(self._limit_offset("sm_limit", index), packed)])
 
 
 def read_region_file(path: str | os.PathLike[str]) -> UsageSnapshot:

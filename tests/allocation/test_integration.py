@@ -12,8 +12,8 @@ from hami_trio.allocation import (
     allocate,
     configure_host_pid_broker,
 )
-from hami_trio.config import BROKER_SWITCH_ENV, broker_switch_from_env
 from hami_trio.errors import LockDirError
+from hami_trio.goparse import BROKER_SWITCH_ENV, broker_switch_from_env
 
 ME = os.geteuid()
 LIB = Mount("/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu/libvgpu.so", True)

@@ -27,16 +27,16 @@ import pytest
 import trio
 from prometheus_client import REGISTRY
 
+from hami_trio.agent.config import resolve_config
+from hami_trio.agent.service import AgentHandle, serve_agent
 from hami_trio.allocation.lockdir import (
     LockParentRefused,
     inspect_lock_parent,
     prepare_lock_parent,
 )
-from hami_trio.cli import build_parser
-from hami_trio.daemon import AgentHandle, serve_agent
-from hami_trio.daemon_config import resolve_config
+from hami_trio.cli.main import build_parser
+from tests.agent.agent import http_get
 from tests.allocation.workload import DEFAULT_CAPS, WORKLOAD_LOCK, as_workload
-from tests.daemon.agent import http_get
 
 pytestmark = pytest.mark.root
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hami_trio.allocation.paths import BROKER_CONTAINER_DIR, LOCK_PARENT
+from hami_trio.allocation.constants import BROKER_CONTAINER_DIR, LOCK_PARENT
 from hami_trio.allocation.response import (
     RESERVED_ENV_KEYS,
     ContainerAllocateResponse,
@@ -19,8 +19,8 @@ from hami_trio.allocation.response import (
     configure_host_pid_broker,
     lock_parent_mount,
 )
-from hami_trio.config import BROKER_SWITCH_ENV
 from hami_trio.errors import ConfigError
+from hami_trio.goparse import BROKER_SWITCH_ENV
 from tests.strategies import allocation as st_alloc
 
 PARENT = lock_parent_mount()

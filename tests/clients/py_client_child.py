@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from hami_trio.cli import build_parser, main
+from hami_trio.cli.main import build_parser, main
 
 NOBODY = 65534
 

@@ -10,11 +10,11 @@ from prometheus_client import CollectorRegistry
 
 from hami_trio.broker.stats import BrokerCollector, BrokerStats
 from hami_trio.demo.scrape import AgentSample, bucket_quantile, parse_metrics
-from hami_trio.monitor.builder import MemoryUse, ProcSlot, RegionSpec, UtilUse, write_region
-from hami_trio.monitor.http import render_metrics
+from hami_trio.metrics.collector import VGpuCollector
+from hami_trio.metrics.http import render_metrics
 from hami_trio.monitor.loop import Monitor, MonitorConfig
-from hami_trio.monitor.metrics import VGpuCollector
-from hami_trio.monitor.podsource import StaticPodSource
+from hami_trio.pods.source import StaticPodSource
+from hami_trio.testing.regions import MemoryUse, ProcSlot, RegionSpec, UtilUse, write_region
 
 GPU = "GPU-8f1c6a2e-5d3b-4c7a-9e21-0a1b2c3d4e5f"
 

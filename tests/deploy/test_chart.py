@@ -24,11 +24,11 @@ import pytest
 import trio
 
 import hami_trio
-from hami_trio.cli import build_parser
-from hami_trio.daemon_config import resolve_config
-from hami_trio.monitor.pods import KubeAccess
-from tests.monitor.fake_kube import FakeKubeApi
-from tests.monitor.test_pods import start_watch, wait_until, write_kubeconfig
+from hami_trio.agent.config import resolve_config
+from hami_trio.cli.main import build_parser
+from hami_trio.pods.access import KubeAccess
+from tests.pods.fake_kube import FakeKubeApi
+from tests.pods.test_watch import start_watch, wait_until, write_kubeconfig
 
 try:
     import helm_python as helm

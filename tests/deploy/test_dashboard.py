@@ -3,9 +3,9 @@
 A renamed metric would silently empty a panel, so every metric name in every PromQL
 expression (panel targets and template variable queries) must be one the agent really
 exports.  The names are not a list kept by hand: a module fixture runs the agent in this
-process exactly as ``hami-trio run`` assembles it (:func:`hami_trio.daemon.serve_agent`: the
-broker on, the pod watch against the fake API server of tests/monitor/fake_kube.py, the
-monitor over a v1 ``.cache`` file written by :mod:`hami_trio.monitor.builder` for a pod that
+process exactly as ``hami-trio run`` assembles it (:func:`hami_trio.agent.service.serve_agent`: the
+broker on, the pod watch against the fake API server of tests/pods/fake_kube.py, the
+monitor over a v1 ``.cache`` file written by :mod:`hami_trio.testing.regions` for a pod that
 has a MIG allocation, a fake NVML with one GPU), scrapes its ``/metrics`` and collects every
 family and sample name.  Histograms are used through their ``_bucket``/``_sum``/``_count``
 series and counters through ``_total``, which is what the scrape contains.  Only the default
@@ -33,16 +33,16 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from hami_trio.agent.config import resolve_config
+from hami_trio.agent.service import AgentHandle, serve_agent
 from hami_trio.broker.protocol import encode_response
-from hami_trio.cli import build_parser
-from hami_trio.daemon import AgentHandle, serve_agent
-from hami_trio.daemon_config import resolve_config
-from hami_trio.monitor.builder import MemoryUse, ProcSlot, RegionSpec, UtilUse, write_region
+from hami_trio.cli.main import build_parser
+from hami_trio.testing.regions import MemoryUse, ProcSlot, RegionSpec, UtilUse, write_region
+from tests.agent.agent import http_get
 from tests.broker.wire import exchange
-from tests.daemon.agent import http_get
-from tests.monitor.fake_kube import FakeKubeApi
-from tests.monitor.fake_nvml import FakeGpu, FakeNvml
-from tests.monitor.test_pods import write_kubeconfig
+from tests.metrics.fake_nvml import FakeGpu, FakeNvml
+from tests.pods.fake_kube import FakeKubeApi
+from tests.pods.test_watch import write_kubeconfig
 from tests.sandbox import world_readable_dir
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "hami-trio.json"

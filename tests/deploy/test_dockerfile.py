@@ -98,7 +98,7 @@ def test_final_stage_is_a_python_slim_image_running_hami_trio_run() -> None:
     (entrypoint,) = [rest for keyword, rest in final if keyword == "ENTRYPOINT"]
     assert json.loads(entrypoint) == ["hami-trio", "run"]  # exec form: signals reach the agent
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["hami-trio"] == "hami_trio.cli:main"
+    assert scripts["hami-trio"] == "hami_trio.cli.main:main"
 
 
 def test_package_is_installed_from_a_wheel_not_editable() -> None:
@@ -125,10 +125,10 @@ def test_copied_sources_exist_and_are_not_ignored() -> None:
     for source in sources:
         assert (ROOT / source).exists(), source
         assert not ignored(source), f"{source} is excluded by .dockerignore"
-    assert not ignored("hami_trio/cli.py")
+    assert not ignored("hami_trio/cli/main.py")
     assert ignored("hami_trio/__pycache__/cli.cpython-311.pyc")
     assert ignored(".venv/bin/python")
-    assert ignored("tests/test_cli.py")
+    assert ignored("tests/cli/test_main.py")
 
 
 @pytest.mark.slow
@@ -150,6 +150,6 @@ def test_the_wheel_builds_from_only_what_the_dockerfile_copies(tmp_path: Path) -
     (wheel,) = wheels.glob("hami_trio-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
-        assert "hami_trio/cli.py" in names
+        assert "hami_trio/cli/main.py" in names
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
-        assert "hami-trio = hami_trio.cli:main" in archive.read(entry_points).decode()
+        assert "hami-trio = hami_trio.cli.main:main" in archive.read(entry_points).decode()

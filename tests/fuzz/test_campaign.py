@@ -292,7 +292,7 @@ def test_planted_bug_is_found_saved_and_reproducible(
     ("module", "name", "mutator", "broken"),
     [
         # sums that wrap at 2**63 instead of 2**64
-        ("hami_trio.monitor.usage", "_MASK64", "file_bytes", (1 << 63) - 1),
+        ("hami_trio.monitor.snapshot", "_MASK64", "file_bytes", (1 << 63) - 1),
         # the mis-layout of 2008985 bytes accepted
         ("hami_trio.monitor.layout", "MISLAYOUT_SIZES", "header", frozenset({2008984})),
     ],

@@ -10,14 +10,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hami_trio.monitor.builder import RegionSpec, build_region
 from hami_trio.monitor.feedback import Activity, Observed, Write, observe
 from hami_trio.monitor.layout import ControlField
-from hami_trio.monitor.usage import parse_region
+from hami_trio.monitor.snapshot import parse_region
+from hami_trio.testing.regions import RegionSpec, build_region
 from tests.strategies import feedback as st_feedback
 
 RK = ControlField.RECENT_KERNEL
 SW = ControlField.UTILIZATION_SWITCH
+
+
+def from_lists(per_device: Mapping[bytes, Sequence[int]]) -> Activity:
+    """Upstream's shape, ``{uuid: [count at priority 0, 1, ...]}``, as an :class:`Activity`."""
+    return Activity({key: dict(enumerate(counts)) for key, counts in per_device.items()})
 
 
 def gpu(name: str) -> bytes:
@@ -45,10 +50,10 @@ def final(containers: Mapping[str, Observed], writes: Sequence[Write[str]]) -> d
 
 
 def test_check_functions_high_priority() -> None:
-    activity = Activity.from_lists({gpu("gpu-0"): [0, 1]})
+    activity = from_lists({gpu("gpu-0"): [0, 1]})
     assert activity.blocks(3, [gpu("gpu-0")])
     assert activity.crowds(3, [gpu("gpu-0")])
-    assert not Activity.from_lists({gpu("gpu-0"): [0, 0]}).blocks(2, [gpu("gpu-0")])
+    assert not from_lists({gpu("gpu-0"): [0, 0]}).blocks(2, [gpu("gpu-0")])
 
 
 # (name, container UUIDs, upstream switch map {uuid: [count at priority 0, 1, ...]}, want)
@@ -94,19 +99,19 @@ MULTI_DEVICE = [
 def test_check_blocking_multi_device(
     uuids: list[str], switch_map: dict[str, list[int]], want: bool
 ) -> None:
-    activity = Activity.from_lists({gpu(k): v for k, v in switch_map.items()})
+    activity = from_lists({gpu(k): v for k, v in switch_map.items()})
     keys = [gpu(u) for u in uuids]
     assert activity.blocks(1, keys) is want
     assert activity.crowds(1, keys) is want  # upstream asserts parity for these inputs
 
 
 def test_check_priority_same_priority_needs_two() -> None:
-    activity = Activity.from_lists({gpu("g"): [0, 0, 1]})
+    activity = from_lists({gpu("g"): [0, 0, 1]})
     assert not activity.crowds(2, [gpu("g")])  # only itself at priority 2
-    assert Activity.from_lists({gpu("g"): [0, 0, 2]}).crowds(2, [gpu("g")])
-    assert not Activity.from_lists({gpu("g"): [0, 0, 2]}).blocks(2, [gpu("g")])
+    assert from_lists({gpu("g"): [0, 0, 2]}).crowds(2, [gpu("g")])
+    assert not from_lists({gpu("g"): [0, 0, 2]}).blocks(2, [gpu("g")])
     # negative priorities never block nor crowd (upstream: p >= 0 and range(min(p, len)))
-    assert not Activity.from_lists({gpu("g"): [5, 5]}).crowds(-1, [gpu("g")])
+    assert not from_lists({gpu("g"): [5, 5]}).crowds(-1, [gpu("g")])
 
 
 # -- whole-node scenarios ------------------------------------------------------------------

@@ -34,7 +34,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from hami_trio.monitor.builder import (
+from hami_trio.monitor.layout import MAGIC, Format
+from hami_trio.monitor.lister import ContainerKey, ContainerStatus
+from hami_trio.monitor.loop import Monitor, MonitorConfig, serve_monitor
+from hami_trio.monitor.snapshot import parse_region
+from hami_trio.pods.source import StaticPodSource
+from hami_trio.testing.regions import (
     MemoryUse,
     ProcSlot,
     RegionSpec,
@@ -43,11 +48,6 @@ from hami_trio.monitor.builder import (
     build_region,
     write_region,
 )
-from hami_trio.monitor.layout import MAGIC, Format
-from hami_trio.monitor.lister import ContainerKey, ContainerStatus
-from hami_trio.monitor.loop import Monitor, MonitorConfig, serve_monitor
-from hami_trio.monitor.podsource import StaticPodSource
-from hami_trio.monitor.usage import parse_region
 
 DURATION = float(os.environ.get("HAMI_TRIO_HOSTILE_SECONDS", "30"))
 INT32_MAX = 2**31 - 1
@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[2]
 TENANTS = textwrap.dedent(
     """
     import os, random, sys, time
-    from hami_trio.monitor.builder import RegionSpec, region_pieces, write_region
+    from hami_trio.testing.regions import RegionSpec, region_pieces, write_region
 
     root, duration = sys.argv[1], float(sys.argv[2])
     flap_spec = RegionSpec(uuids=["GPU-F"], priority=2, recent_kernel=2)

@@ -7,8 +7,7 @@ import struct
 import pytest
 from hypothesis import given
 
-from hami_trio.errors import CacheFileError, CacheFileRejected
-from hami_trio.monitor.builder import RegionSpec, build_region
+from hami_trio.errors import CacheFileRejected, HamiTrioError
 from hami_trio.monitor.layout import (
     LAYOUTS,
     MAGIC,
@@ -21,7 +20,8 @@ from hami_trio.monitor.layout import (
     classify,
     layout_for_size,
 )
-from hami_trio.monitor.usage import UsageSnapshot, parse_region
+from hami_trio.monitor.snapshot import UsageSnapshot, parse_region
+from hami_trio.testing.regions import RegionSpec, build_region
 from tests.strategies import layout as st_layout
 
 V0 = LAYOUTS[Format.V0]
@@ -35,7 +35,7 @@ def header(magic: int = MAGIC, major: int = 1, minor: int = 2) -> bytes:
 def rejected(size: int, head: bytes) -> CacheFileRejected:
     with pytest.raises(CacheFileRejected) as info:
         classify(size, head)
-    assert isinstance(info.value, CacheFileError)
+    assert isinstance(info.value, HamiTrioError)
     return info.value
 
 

@@ -16,14 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from hami_trio.monitor.builder import (
-    MemoryUse,
-    ProcSlot,
-    RegionSpec,
-    UtilUse,
-    build_region,
-    write_region,
-)
 from hami_trio.monitor.layout import (
     LAYOUTS,
     MAX_DEVICES,
@@ -34,7 +26,15 @@ from hami_trio.monitor.layout import (
     Format,
 )
 from hami_trio.monitor.region import RegionHandle
-from hami_trio.monitor.usage import UUIDState, parse_region
+from hami_trio.monitor.snapshot import UUIDState, parse_region
+from hami_trio.testing.regions import (
+    MemoryUse,
+    ProcSlot,
+    RegionSpec,
+    UtilUse,
+    build_region,
+    write_region,
+)
 
 SOURCE = Path(__file__).parent / "c" / "region.c"
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import trio
 
-from hami_trio.monitor.builder import RegionSpec, SimulatedWorkload, region_pieces, write_region
 from hami_trio.monitor.feedback import Write
 from hami_trio.monitor.layout import LAYOUTS, ControlField, Format, RejectReason
 from hami_trio.monitor.lister import (
@@ -22,8 +21,9 @@ from hami_trio.monitor.lister import (
     ContainerStatus,
     parse_container_dirname,
 )
-from hami_trio.monitor.podsource import PodInfo, StaticPodSource
 from hami_trio.monitor.remover import Budget
+from hami_trio.pods.source import PodInfo, StaticPodSource
+from hami_trio.testing.regions import RegionSpec, SimulatedWorkload, region_pieces, write_region
 
 V1 = LAYOUTS[Format.V1]
 

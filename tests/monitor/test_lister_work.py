@@ -24,7 +24,11 @@ from typing import Any
 import pytest
 import trio
 
-from hami_trio.monitor.builder import (
+from hami_trio.monitor.layout import MAX_DEVICES, MAX_SLOTS
+from hami_trio.monitor.lister import INLINE_DIR_BYTES, MAX_STEP_WORK, ContainerStatus
+from hami_trio.monitor.loop import Monitor, MonitorConfig
+from hami_trio.pods.source import StaticPodSource
+from hami_trio.testing.regions import (
     MemoryUse,
     ProcSlot,
     RegionSpec,
@@ -32,10 +36,6 @@ from hami_trio.monitor.builder import (
     UtilUse,
     write_region,
 )
-from hami_trio.monitor.layout import MAX_DEVICES, MAX_SLOTS
-from hami_trio.monitor.lister import INLINE_DIR_BYTES, MAX_STEP_WORK, ContainerStatus
-from hami_trio.monitor.loop import Monitor, MonitorConfig
-from hami_trio.monitor.podsource import StaticPodSource
 
 HOSTILE = 8
 

@@ -19,76 +19,19 @@ import trio
 from prometheus_client import CollectorRegistry
 from trio.testing import MockClock
 
-from hami_trio.errors import ConfigError
 from hami_trio.monitor import loop as loop_module
-from hami_trio.monitor.builder import RegionSpec, SimulatedWorkload, write_region
 from hami_trio.monitor.lister import ContainerKey
 from hami_trio.monitor.loop import (
-    DEFAULT_MIG_LOCK_PATH,
     Monitor,
     MonitorConfig,
     prepare_lock_dir,
     serve_monitor,
 )
-from hami_trio.monitor.podsource import PodInfo, StaticPodSource
+from hami_trio.pods.source import PodInfo, StaticPodSource
+from hami_trio.testing.regions import RegionSpec, SimulatedWorkload, write_region
 from tests.sandbox import NOBODY, run_in_child, world_readable_dir
 
 # -- configuration (M-1) ---------------------------------------------------------------------
-
-
-def test_hook_path_required(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="HOOK_PATH is not set"):
-        MonitorConfig.from_env({})
-    with pytest.raises(ConfigError, match="HOOK_PATH is not set"):
-        MonitorConfig.from_env({"HOOK_PATH": ""})
-    with pytest.raises(ConfigError, match=r"HOOK_PATH='/nonexistent/x' does not exist"):
-        MonitorConfig.from_env({"HOOK_PATH": "/nonexistent/x"})
-    (tmp_path / "file").write_text("")
-    with pytest.raises(ConfigError, match="not a directory"):
-        MonitorConfig.from_env({"HOOK_PATH": str(tmp_path / "file")})
-
-
-def test_flags_override_env_and_defaults(tmp_path: Path) -> None:
-    config = MonitorConfig.from_env({"HOOK_PATH": "/nonexistent"}, hook_path=tmp_path)
-    assert config.hook_path == tmp_path
-    assert config.containers_dir == tmp_path / "containers"
-    assert (config.interval, config.resync_interval) == (5.0, 300.0)
-    assert config.mig_lock_path == DEFAULT_MIG_LOCK_PATH == Path("/tmp/hami/hami-mig-apply.lock")
-    custom = MonitorConfig.from_env(
-        {"HOOK_PATH": str(tmp_path)}, interval=0.5, mig_lock_path="/x/y.lock", tick_deadline=2
-    )
-    assert (custom.interval, custom.mig_lock_path, custom.tick_deadline) == (
-        0.5,
-        Path("/x/y.lock"),
-        2,
-    )
-    with pytest.raises(ConfigError, match="--interval"):
-        MonitorConfig.from_env({"HOOK_PATH": str(tmp_path)}, interval=0)
-
-
-@pytest.mark.parametrize(
-    ("text", "seconds", "warned"),
-    [
-        ("5m", 300.0, False),
-        ("90s", 90.0, False),
-        ("1h30m", 5400.0, False),
-        ("0", 0.0, False),
-        ("soon", 300.0, True),
-        ("5", 300.0, True),
-        ("-5m", 300.0, True),
-    ],
-)
-def test_resync_interval_go_duration(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, text: str, seconds: float, warned: bool
-) -> None:
-    with caplog.at_level(logging.WARNING, logger="hami_trio.monitor.loop"):
-        config = MonitorConfig.from_env({"HOOK_PATH": str(tmp_path), "HAMI_RESYNC_INTERVAL": text})
-    assert config.resync_interval == seconds
-    messages = [r.getMessage() for r in caplog.records]
-    assert bool(messages) is warned
-    if warned:
-        assert "HAMI_RESYNC_INTERVAL" in messages[0]
-        assert "default" in messages[0]
 
 
 def test_prepare_lock_dir(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -476,10 +419,10 @@ async def test_an_unsafe_lock_dir_is_refused_and_never_followed(
 async def test_readiness_says_why_without_making_the_agent_unready(
     hook: Path, shared_tmp: Path
 ) -> None:
-    from hami_trio.cli import build_parser
-    from hami_trio.daemon import AgentHandle, serve_agent
-    from hami_trio.daemon_config import resolve_config
-    from tests.daemon.agent import http_get
+    from hami_trio.agent.config import resolve_config
+    from hami_trio.agent.service import AgentHandle, serve_agent
+    from hami_trio.cli.main import build_parser
+    from tests.agent.agent import http_get
 
     directory = shared_tmp / "hami"
     run_in_child(_squat, str(directory), 0o755, uid=NOBODY)

@@ -12,7 +12,10 @@ import pytest
 
 from hami_trio._fs import file_kind
 from hami_trio.errors import CacheFileRejected
-from hami_trio.monitor.builder import (
+from hami_trio.monitor.layout import LAYOUTS, ControlField, Format, RejectReason
+from hami_trio.monitor.region import RegionHandle, read_region_file
+from hami_trio.monitor.snapshot import DeviceUUID, UUIDState, parse_region
+from hami_trio.testing.regions import (
     MemoryUse,
     ProcSlot,
     RegionSpec,
@@ -21,9 +24,6 @@ from hami_trio.monitor.builder import (
     build_region,
     write_region,
 )
-from hami_trio.monitor.layout import LAYOUTS, ControlField, Format, RejectReason
-from hami_trio.monitor.region import RegionHandle, read_region_file
-from hami_trio.monitor.usage import DeviceUUID, UUIDState, parse_region
 
 V1 = LAYOUTS[Format.V1]
 V0 = LAYOUTS[Format.V0]
@@ -313,15 +313,15 @@ def test_no_write_before_a_read_or_after_the_size_changed(tmp_path: Path) -> Non
     handle = open_rw(path)
     try:
         with pytest.raises(CacheFileRejected, match="no successful read"):
-            handle.write_control(ControlField.RECENT_KERNEL, -1)
+            handle.write_controls([(ControlField.RECENT_KERNEL, -1)])
         handle.read()
         os.truncate(path, 100)
         with pytest.raises(CacheFileRejected) as info:
-            handle.write_control(ControlField.RECENT_KERNEL, -1)
+            handle.write_controls([(ControlField.RECENT_KERNEL, -1)])
         assert info.value.reason == RejectReason.TRUNCATED
         assert path.stat().st_size == 100  # pwrite did not grow the file back
         with pytest.raises(ValueError, match="does not fit"):
-            handle.write_control(ControlField.RECENT_KERNEL, 2**31)
+            handle.write_controls([(ControlField.RECENT_KERNEL, 2**31)])
     finally:
         handle.close()
     assert handle.closed
@@ -335,28 +335,6 @@ def test_read_only_handle_never_writes(tmp_path: Path) -> None:
     try:
         handle.read()
         with pytest.raises(CacheFileRejected, match="read-only"):
-            handle.write_control(ControlField.RECENT_KERNEL, -1)
+            handle.write_controls([(ControlField.RECENT_KERNEL, -1)])
     finally:
         handle.close()
-
-
-def test_limit_setters_are_aligned_64_bit_stores(tmp_path: Path) -> None:
-    path = tmp_path / "x.cache"
-    write_region(path, spec())
-    handle = open_rw(path)
-    try:
-        with pytest.raises(CacheFileRejected):
-            handle.set_memory_limit(0, 1)
-        handle.read()
-        handle.set_memory_limit(1, 5 << 30)
-        handle.set_sm_limit(0, 77)
-        with pytest.raises(ValueError, match="out of range"):
-            handle.set_sm_limit(16, 1)
-        with pytest.raises(ValueError, match="does not fit"):
-            handle.set_memory_limit(0, -1)
-        assert (V1.limit + 8) % 8 == 0
-    finally:
-        handle.close()
-    snapshot = read_region_file(path)
-    assert snapshot.devices[1].memory_limit == 5 << 30
-    assert snapshot.devices[0].sm_limit == 77

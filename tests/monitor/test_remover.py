@@ -25,8 +25,8 @@ import trio.testing
 from prometheus_client import CollectorRegistry
 
 from hami_trio.monitor.loop import Monitor, MonitorConfig
-from hami_trio.monitor.podsource import StaticPodSource
 from hami_trio.monitor.remover import MAX_DEPTH, MOVED_PREFIX, Budget, TreeRemover
+from hami_trio.pods.source import StaticPodSource
 
 UNLIMITED = Budget(ops=10**9, seconds=1e6)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from hami_trio.allocation.paths import BROKER_CONTAINER_DIR, LOCK_PARENT, container_target
+from hami_trio.allocation.constants import BROKER_CONTAINER_DIR, LOCK_PARENT, container_target
 from hami_trio.allocation.response import ContainerAllocateResponse, DeviceSpec, Mount
-from hami_trio.config import BROKER_SWITCH_ENV
+from hami_trio.goparse import BROKER_SWITCH_ENV
 
 __all__ = [
     "broker_paths",

@@ -5,7 +5,7 @@ Used by ``tests/monitor`` and the fuzz campaign.  Three families:
 - :func:`sizes_and_headers`: any file size with any 12-byte header, biased towards the
   boundaries of the loader rule (v0/v1 sizes, +-1, the mis-layout, tiny files) and the
   interesting magic/major values;
-- :func:`region_specs`: whole regions for :mod:`hami_trio.monitor.builder`, valid in shape
+- :func:`region_specs`: whole regions for :mod:`hami_trio.testing.regions`, valid in shape
   but with hostile values (``proc_num`` far outside 0..1024, ``num`` up to 2**64-1, priority
   extremes, random UUID bytes, random slot statuses);
 - :func:`region_bytes`: the bytes of such a region, optionally with random byte flips, so a
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from hami_trio.monitor.builder import MemoryUse, ProcSlot, RegionSpec, UtilUse, build_region
 from hami_trio.monitor.layout import (
     LAYOUTS,
     MAGIC,
@@ -27,6 +26,7 @@ from hami_trio.monitor.layout import (
     UUID_SIZE,
     Format,
 )
+from hami_trio.testing.regions import MemoryUse, ProcSlot, RegionSpec, UtilUse, build_region
 
 __all__ = [
     "INT32",

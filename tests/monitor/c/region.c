@@ -11,7 +11,7 @@
  *       below, then prints the sums a monitor must report, computed here in uint64:
  *         "active <n>"  and one "sum <dev> <total> <ctx> <module> <data> <offset> <sm>" per
  *         device below min(num, 16), over slots [0, clamp(proc_num, 0, 1024)) with status != 0.
- *       The Python test builds the same pattern with hami_trio.monitor.builder and checks the
+ *       The Python test builds the same pattern with hami_trio.testing.regions and checks the
  *       two files are byte-identical and that the Python snapshot has these sums.
  */
 #include <semaphore.h>

@@ -1,0 +1,637 @@
+"""The agent's configuration: flags, environment fallbacks, one frozen :class:`AgentConfig`.
+
+How this works.  Every setting is one row of :data:`SETTINGS`: a ``--flag`` and an environment
+variable.  Where HAMi already has a name the row uses it (``HOOK_PATH``, ``NODE_NAME``,
+``HAMI_RESYNC_INTERVAL``, ``KUBECONFIG``, ``--metrics-bind-address``, ``--legacy-metrics``), so
+an operator can carry HAMi's vGPUmonitor settings over unchanged; hami-trio's own settings
+fall back to ``HAMI_TRIO_<FLAG>``.  A value given as a flag wins over the variable, the
+variable over the default; an empty variable counts as unset.  The broker's switch is the
+variable ``LIBVGPU_HOSTPID_BROKER`` alone, on only for exactly ``1`` (SPEC B-10): the Helm
+chart, the device plugin and HAMi-core all read the same variable.
+
+:func:`add_agent_arguments` puts the flags on a parser (every default is ``None``, so "not
+given" is visible); :func:`resolve_config` is pure - a namespace and an environment mapping in,
+an :class:`AgentConfig` out, no file or socket touched - and raises
+:class:`~hami_trio.errors.ConfigError` naming the flag or variable and the value it could not
+use.  :func:`check_host` then checks the one thing that needs the filesystem (``HOOK_PATH``
+exists).  Two rules come from HAMi and are kept: an invalid ``HAMI_RESYNC_INTERVAL`` is a
+warning and the default 5m (SPEC M-1), and ``NODE_NAME`` is required only when the
+Kubernetes API is used.  Warnings are returned in :attr:`AgentConfig.warnings`, to be logged
+once logging is configured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final, Literal
+
+from hami_trio.allocation.constants import LOCK_PARENT
+from hami_trio.broker.boundary import DEFAULT_LOCK_PATH, DEFAULT_SOCKET_PATH
+from hami_trio.broker.server import DEFAULT_EXCHANGE_DEADLINE, DEFAULT_MAX_EXCHANGES, BrokerConfig
+from hami_trio.errors import ConfigError
+from hami_trio.goparse import (
+    BROKER_SWITCH_ENV,
+    BindAddress,
+    broker_switch_on,
+    parse_bind_address,
+    parse_go_duration,
+    parse_seconds,
+)
+from hami_trio.logs import LogFormat
+from hami_trio.metrics.http import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT, HttpLimits
+from hami_trio.monitor.loop import (
+    DEFAULT_INTERVAL,
+    DEFAULT_MIG_LOCK_PATH,
+    DEFAULT_RESYNC_INTERVAL,
+    MonitorConfig,
+)
+from hami_trio.pods.access import KubeAccess, validate_node_name
+
+__all__ = [
+    "DEFAULT_METRICS_BIND_ADDRESS",
+    "DEFAULT_SHUTDOWN_TIMEOUT",
+    "SETTINGS",
+    "AgentConfig",
+    "Setting",
+    "add_agent_arguments",
+    "check_host",
+    "config_from_flags",
+    "flag_argv",
+    "resolve_config",
+]
+
+#: HAMi vGPUmonitor's metrics address: every interface, port 9394.
+DEFAULT_METRICS_BIND_ADDRESS: Final = ":9394"
+#: How long a graceful stop may take before what is left is cancelled (seconds).  Well within
+#: the chart's 30 s termination grace period: the broker drains within its exchange deadline
+#: (0.5 s) and a monitor tick within its interval (5 s).
+DEFAULT_SHUTDOWN_TIMEOUT: Final = 10.0
+_LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
+# Go's strconv.ParseBool, which HAMi's components use for boolean variables.
+_TRUE: Final = frozenset({"1", "t", "T", "true", "TRUE", "True"})
+_FALSE: Final = frozenset({"0", "f", "F", "false", "FALSE", "False"})
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One configurable value: its flag, its environment variable and its help line.
+
+    Attributes:
+        dest: the argparse destination and the key in :attr:`AgentConfig.sources`.
+        flag: the command-line flag.
+        env: the environment variable read when the flag is not given.
+        help: the help text (the default is appended).
+        metavar: the value's placeholder in ``--help``; None for an on/off flag.
+        broker: only ``hami-trio run`` has it (``monitor`` runs without the broker).
+    """
+
+    dest: str
+    flag: str
+    env: str
+    help: str
+    metavar: str | None = "VALUE"
+    broker: bool = False
+
+
+SETTINGS: Final[tuple[Setting, ...]] = (
+    Setting(
+        "hook_path",
+        "--hook-path",
+        "HOOK_PATH",
+        "HAMi's hook directory; its containers/ holds one directory per vGPU container (required)",
+        "DIR",
+    ),
+    Setting(
+        "node_name",
+        "--node-name",
+        "NODE_NAME",
+        "this node's name; scopes the pod watch (required with Kubernetes; without it the "
+        "host metrics' node label, default the host name)",
+        "NAME",
+    ),
+    Setting(
+        "kubeconfig",
+        "--kubeconfig",
+        "KUBECONFIG",
+        "kubeconfig of the pod watch (default: the in-cluster service account)",
+        "PATH",
+    ),
+    Setting(
+        "no_kubernetes",
+        "--no-kubernetes",
+        "HAMI_TRIO_NO_KUBERNETES",
+        "no pod watch: every container directory is live under its pod UID and none is ever "
+        "deleted",
+        None,
+    ),
+    Setting(
+        "resync_interval",
+        "--resync-interval",
+        "HAMI_RESYNC_INTERVAL",
+        "Go duration a gone pod's container directory is kept before removal (default 5m; "
+        "an invalid HAMI_RESYNC_INTERVAL is a warning and the default, as in HAMi)",
+        "DURATION",
+    ),
+    Setting(
+        "interval",
+        "--interval",
+        "HAMI_TRIO_INTERVAL",
+        "seconds (or a Go duration) between monitor ticks (default 5)",
+        "SECONDS",
+    ),
+    Setting(
+        "mig_lock_path",
+        "--mig-lock-path",
+        "HAMI_TRIO_MIG_LOCK_PATH",
+        f"MIG apply lock; the monitor pauses while it exists (default {DEFAULT_MIG_LOCK_PATH})",
+        "PATH",
+    ),
+    Setting(
+        "lock_parent_path",
+        "--lock-parent-path",
+        "HAMI_TRIO_LOCK_PARENT_PATH",
+        "the workloads' shared lock parent as mounted into the agent; checked read-only every "
+        "interval and exported as hami_trio_lock_parent_ok (missing is fine: not prepared yet) "
+        f"(default {LOCK_PARENT})",
+        "PATH",
+    ),
+    Setting(
+        "metrics_bind_address",
+        "--metrics-bind-address",
+        "HAMI_TRIO_METRICS_BIND_ADDRESS",
+        "host:port of /metrics, /healthz and /readyz; ':9394' = every interface, port 0 = a "
+        f"free port (default {DEFAULT_METRICS_BIND_ADDRESS})",
+        "ADDR",
+    ),
+    Setting(
+        "metrics_max_connections",
+        "--metrics-max-connections",
+        "HAMI_TRIO_METRICS_MAX_CONNECTIONS",
+        "connections the metrics port serves at once; one more closes the one waiting on its "
+        f"client the longest (default {DEFAULT_MAX_CONNECTIONS})",
+        "N",
+    ),
+    Setting(
+        "metrics_request_timeout",
+        "--metrics-request-timeout",
+        "HAMI_TRIO_METRICS_REQUEST_TIMEOUT",
+        "seconds (or a Go duration) from a metrics-port request's first byte to the last byte "
+        f"of its answer; a client slower than that is closed (default {DEFAULT_REQUEST_TIMEOUT:g})",
+        "SECONDS",
+    ),
+    Setting(
+        "legacy_metrics",
+        "--legacy-metrics",
+        "HAMI_TRIO_LEGACY_METRICS",
+        "also export HAMi's legacy metric names (vGPU_device_memory_usage_in_bytes, ...)",
+        None,
+    ),
+    Setting(
+        "broker_socket_path",
+        "--broker-socket-path",
+        "HAMI_TRIO_BROKER_SOCKET_PATH",
+        f"Unix socket of the host PID broker (default {DEFAULT_SOCKET_PATH}, which needs "
+        f"root); the broker runs only when {BROKER_SWITCH_ENV}=1",
+        "PATH",
+        broker=True,
+    ),
+    Setting(
+        "broker_lock_path",
+        "--broker-lock-path",
+        "HAMI_TRIO_BROKER_LOCK_PATH",
+        "lock file that keeps a second broker from starting; never in, below or above the "
+        "socket's directory, which workloads mount (default: beside it, "
+        f"<socket dir>-lock/broker.lock, i.e. {DEFAULT_LOCK_PATH})",
+        "PATH",
+        broker=True,
+    ),
+    Setting(
+        "broker_max_exchanges",
+        "--broker-max-exchanges",
+        "HAMI_TRIO_BROKER_MAX_EXCHANGES",
+        "broker exchanges that may wait for their request at once; more are closed at once "
+        f"(default {DEFAULT_MAX_EXCHANGES})",
+        "N",
+        broker=True,
+    ),
+    Setting(
+        "broker_exchange_deadline",
+        "--broker-exchange-deadline",
+        "HAMI_TRIO_BROKER_EXCHANGE_DEADLINE",
+        "total time of one broker exchange, seconds or a Go duration such as 500ms "
+        f"(default {DEFAULT_EXCHANGE_DEADLINE})",
+        "SECONDS",
+        broker=True,
+    ),
+    Setting(
+        "shutdown_timeout",
+        "--shutdown-timeout",
+        "HAMI_TRIO_SHUTDOWN_TIMEOUT",
+        "after SIGTERM, how long the graceful drain may take before the rest is cancelled "
+        f"(default {DEFAULT_SHUTDOWN_TIMEOUT:g})",
+        "SECONDS",
+    ),
+    Setting(
+        "log_format",
+        "--log-format",
+        "HAMI_TRIO_LOG_FORMAT",
+        "text (one line per event) or json (one JSON object per line) (default text)",
+        "FORMAT",
+    ),
+    Setting(
+        "log_level",
+        "--log-level",
+        "HAMI_TRIO_LOG_LEVEL",
+        "debug, info, warning, error or critical (default info)",
+        "LEVEL",
+    ),
+)
+_BY_DEST: Final = {setting.dest: setting for setting in SETTINGS}
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """Everything ``hami-trio run`` runs with; build it with :func:`resolve_config`.
+
+    Attributes:
+        monitor: the monitor's settings (hook path, interval, resync interval, MIG lock).
+        lock_parent_path: the shared lock parent the agent checks (read-only).
+        node_name: this node (validated when ``kubernetes`` is set; else only a label).
+        kubernetes: how to reach the API server for the pod watch; None: ``--no-kubernetes``.
+        metrics_bind: where ``/metrics``, ``/healthz`` and ``/readyz`` listen.
+        http_limits: what one client of that port may cost (connections, deadlines).
+        legacy_metrics: also export HAMi's legacy names.
+        broker: the broker's settings; None when it is off (``LIBVGPU_HOSTPID_BROKER`` is not
+            exactly ``1``).
+        shutdown_timeout: seconds the graceful drain may take.
+        log_format: ``text`` or ``json``.
+        log_level: a :mod:`logging` level name, lower case.
+        warnings: what the operator should hear about once logging is set up.
+        sources: where each setting came from: a flag, a variable or ``default``.
+    """
+
+    monitor: MonitorConfig
+    node_name: str
+    kubernetes: KubeAccess | None
+    lock_parent_path: Path = Path(LOCK_PARENT)
+    metrics_bind: BindAddress = field(
+        default_factory=lambda: parse_bind_address(DEFAULT_METRICS_BIND_ADDRESS)
+    )
+    http_limits: HttpLimits = field(default_factory=HttpLimits)
+    legacy_metrics: bool = False
+    broker: BrokerConfig | None = None
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+    log_format: LogFormat = "text"
+    log_level: str = "info"
+    warnings: tuple[str, ...] = ()
+    sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def to_json(self) -> dict[str, Any]:
+        """The resolved configuration as ``hami-trio run --print-config`` prints it.
+
+        Holds no secret: the Kubernetes access is described by the kubeconfig path or the
+        in-cluster address, never a token.
+        """
+        kubernetes: dict[str, str] | None = None
+        if self.kubernetes is not None:
+            if self.kubernetes.kubeconfig is not None:
+                kubernetes = {"kubeconfig": self.kubernetes.kubeconfig}
+            else:
+                kubernetes = {
+                    "in_cluster": f"https://{self.kubernetes.service_host}:"
+                    f"{self.kubernetes.service_port}",
+                    "token_path": self.kubernetes.token_path,
+                    "ca_path": self.kubernetes.ca_path,
+                }
+        broker: dict[str, Any] = {"enabled": self.broker is not None}
+        if self.broker is not None:
+            broker |= {
+                "socket_path": str(self.broker.socket_path),
+                "lock_path": str(self.broker.resolved_lock_path),
+                "max_exchanges": self.broker.max_exchanges,
+                "exchange_deadline_seconds": self.broker.exchange_deadline,
+            }
+        return {
+            "hook_path": str(self.monitor.hook_path),
+            "node_name": self.node_name,
+            "kubernetes": kubernetes,
+            "resync_interval_seconds": self.monitor.resync_interval,
+            "interval_seconds": self.monitor.interval,
+            "mig_lock_path": str(self.monitor.mig_lock_path),
+            "lock_parent_path": str(self.lock_parent_path),
+            "metrics_bind_address": str(self.metrics_bind),
+            "metrics_max_connections": self.http_limits.max_connections,
+            "metrics_request_timeout_seconds": self.http_limits.request_timeout,
+            "legacy_metrics": self.legacy_metrics,
+            "broker": broker,
+            "shutdown_timeout_seconds": self.shutdown_timeout,
+            "log_format": self.log_format,
+            "log_level": self.log_level,
+            "sources": dict(self.sources),
+            "warnings": list(self.warnings),
+        }
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser, *, broker: bool = True) -> None:
+    """Add every setting's flag to ``parser`` (defaults ``None``: "not given").
+
+    Args:
+        parser: the subcommand's parser.
+        broker: include the ``--broker-*`` flags (``run`` does, ``monitor`` does not).
+    """
+    for setting in SETTINGS:
+        if setting.broker and not broker:
+            continue
+        help_text = f"{setting.help} [env {setting.env}]"
+        if setting.metavar is None:
+            parser.add_argument(
+                setting.flag, dest=setting.dest, action="store_true", default=None, help=help_text
+            )
+        else:
+            parser.add_argument(
+                setting.flag, dest=setting.dest, metavar=setting.metavar, help=help_text
+            )
+
+
+class _Reader:
+    """Looks a setting up: the flag, else its variable, else nothing (and remembers which)."""
+
+    def __init__(self, args: argparse.Namespace, env: Mapping[str, str]) -> None:
+        self._args = args
+        self._env = env
+        self.sources: dict[str, str] = {}
+
+    def text(self, dest: str) -> tuple[str | None, str]:
+        """The raw text and where it came from (the flag, the variable, or ``default``)."""
+        setting = _BY_DEST[dest]
+        value = getattr(self._args, dest, None)
+        if value is not None:
+            origin = setting.flag
+            text: str | None = value if isinstance(value, str) else str(value)
+        elif self._env.get(setting.env):
+            origin, text = setting.env, self._env[setting.env]
+        else:
+            origin, text = "default", None
+        self.sources[dest] = origin
+        return text, origin
+
+    def flag(self, dest: str) -> bool:
+        """An on/off setting: the flag, else the variable as Go's ParseBool reads it."""
+        setting = _BY_DEST[dest]
+        if getattr(self._args, dest, None):
+            self.sources[dest] = setting.flag
+            return True
+        text = self._env.get(setting.env)
+        if not text:
+            self.sources[dest] = "default"
+            return False
+        self.sources[dest] = setting.env
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise ConfigError(f"{setting.env}: {text!r} is not a boolean (use true or false)")
+
+
+def _positive_int(text: str, origin: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise ConfigError(f"{origin}: {text!r} is not an integer") from None
+    if value < 1:
+        raise ConfigError(f"{origin}: must be at least 1, got {text!r}")
+    return value
+
+
+def _resync_interval(reader: _Reader, warnings: list[str]) -> float:
+    text, origin = reader.text("resync_interval")
+    if text is None:
+        return DEFAULT_RESYNC_INTERVAL
+    try:
+        value = parse_go_duration(text, name=origin)
+        if value < 0:
+            raise ConfigError(f"{origin}: negative duration {text!r}")
+    except ConfigError as exc:
+        if origin == "--resync-interval":
+            raise  # a new flag: no compatibility to keep, an error like every other flag
+        # HAMi's rule for its variable: warn and use the default (SPEC M-1).
+        warnings.append(f"{exc}; using the default {DEFAULT_RESYNC_INTERVAL:g}s")
+        reader.sources["resync_interval"] = "default"
+        return DEFAULT_RESYNC_INTERVAL
+    return value
+
+
+def _broker(reader: _Reader, env: Mapping[str, str], warnings: list[str]) -> BrokerConfig | None:
+    switch = env.get(BROKER_SWITCH_ENV)
+    reader.sources["broker"] = BROKER_SWITCH_ENV if switch else "default"
+    socket_text, socket_origin = reader.text("broker_socket_path")
+    lock_text, lock_origin = reader.text("broker_lock_path")
+    max_text, max_origin = reader.text("broker_max_exchanges")
+    deadline_text, deadline_origin = reader.text("broker_exchange_deadline")
+    # Parsed even when the broker is off, so a typo does not wait for the day it is enabled.
+    max_exchanges = (
+        DEFAULT_MAX_EXCHANGES if max_text is None else _positive_int(max_text, max_origin)
+    )
+    deadline = (
+        DEFAULT_EXCHANGE_DEADLINE
+        if deadline_text is None
+        else parse_seconds(deadline_text, name=deadline_origin)
+    )
+    if not broker_switch_on(switch):
+        if switch:  # set, but not to exactly "1"
+            warnings.append(
+                f"{BROKER_SWITCH_ENV}={switch!r} is not exactly '1': the host PID broker is off"
+            )
+        return None
+    if socket_text == "":
+        raise ConfigError(f"{socket_origin}: empty path")
+    if lock_text == "":
+        raise ConfigError(f"{lock_origin}: empty path")
+    return BrokerConfig(
+        socket_path=DEFAULT_SOCKET_PATH if socket_text is None else Path(socket_text),
+        lock_path=None if lock_text is None else Path(lock_text),
+        max_exchanges=max_exchanges,
+        exchange_deadline=deadline,
+    )
+
+
+def resolve_config(
+    args: argparse.Namespace,
+    env: Mapping[str, str],
+    *,
+    with_broker: bool = True,
+    hostname: Callable[[], str] = socket.gethostname,
+) -> AgentConfig:
+    """Resolve flags, environment and defaults into an :class:`AgentConfig` (pure).
+
+    Args:
+        args: the parsed flags (:func:`add_agent_arguments`); missing attributes count as
+            not given.
+        env: the environment (``os.environ``).
+        with_broker: False for ``hami-trio monitor``: the broker stays off whatever
+            ``LIBVGPU_HOSTPID_BROKER`` says.
+        hostname: the host name, the node label when ``NODE_NAME`` is unset without Kubernetes.
+
+    Returns:
+        The configuration, with :attr:`AgentConfig.warnings` to log.
+
+    Raises:
+        ConfigError: a value that cannot be used; the message names the flag or variable and
+            the value (the CLI exits 2).
+        PodSourceError: Kubernetes is on but no API configuration is available (no
+            kubeconfig, no in-cluster service account); the CLI exits 1.
+    """
+    reader = _Reader(args, env)
+    warnings: list[str] = []
+
+    hook_text, _ = reader.text("hook_path")
+    if not hook_text:
+        raise ConfigError(
+            "HOOK_PATH is not set: set it (or --hook-path) to the HAMi hook directory, e.g. "
+            "/usr/local/vgpu, whose containers/ holds the .cache files"
+        )
+    interval_text, interval_origin = reader.text("interval")
+    interval = (
+        DEFAULT_INTERVAL
+        if interval_text is None
+        else parse_seconds(interval_text, name=interval_origin)
+    )
+    lock_text, lock_origin = reader.text("mig_lock_path")
+    if lock_text == "":
+        raise ConfigError(f"{lock_origin}: empty path")
+    monitor = MonitorConfig(
+        hook_path=Path(hook_text),
+        interval=interval,
+        resync_interval=_resync_interval(reader, warnings),
+        mig_lock_path=DEFAULT_MIG_LOCK_PATH if lock_text is None else Path(lock_text),
+    )
+
+    parent_text, parent_origin = reader.text("lock_parent_path")
+    if parent_text == "":
+        raise ConfigError(f"{parent_origin}: empty path")
+    if parent_text is not None and not parent_text.startswith("/"):
+        raise ConfigError(f"{parent_origin}: {parent_text!r} is not an absolute path")
+
+    bind_text, bind_origin = reader.text("metrics_bind_address")
+    bind = parse_bind_address(
+        DEFAULT_METRICS_BIND_ADDRESS if bind_text is None else bind_text, name=bind_origin
+    )
+    max_text, max_origin = reader.text("metrics_max_connections")
+    request_text, request_origin = reader.text("metrics_request_timeout")
+    http_limits = HttpLimits(
+        max_connections=(
+            DEFAULT_MAX_CONNECTIONS if max_text is None else _positive_int(max_text, max_origin)
+        ),
+        request_timeout=(
+            DEFAULT_REQUEST_TIMEOUT
+            if request_text is None
+            else parse_seconds(request_text, name=request_origin)
+        ),
+    )
+    legacy = reader.flag("legacy_metrics")
+    broker = _broker(reader, env, warnings) if with_broker else None
+
+    timeout_text, timeout_origin = reader.text("shutdown_timeout")
+    shutdown_timeout = (
+        DEFAULT_SHUTDOWN_TIMEOUT
+        if timeout_text is None
+        else parse_seconds(timeout_text, name=timeout_origin)
+    )
+    format_text, format_origin = reader.text("log_format")
+    log_format: Literal["text", "json"] = "text"
+    if format_text is not None:
+        if format_text not in ("text", "json"):
+            raise ConfigError(f"{format_origin}: {format_text!r} is not text or json")
+        log_format = "json" if format_text == "json" else "text"
+    level_text, level_origin = reader.text("log_level")
+    log_level = "info" if level_text is None else level_text.lower()
+    if log_level not in _LOG_LEVELS:
+        raise ConfigError(
+            f"{level_origin}: unknown log level {level_text!r} (use {', '.join(_LOG_LEVELS)})"
+        )
+    # Last: every value error (exit 2) is reported before a missing API configuration
+    # (PodSourceError, exit 1), whatever the order of the flags.
+    kubernetes_off = reader.flag("no_kubernetes")
+    node_text, node_origin = reader.text("node_name")
+    kubeconfig, _ = reader.text("kubeconfig")
+    access: KubeAccess | None = None
+    if kubernetes_off:
+        node_name = node_text or hostname()
+        if not node_text:
+            reader.sources["node_name"] = "host name"
+    else:
+        node_name = validate_node_name(
+            node_text or "", source="NODE_NAME" if node_origin == "default" else node_origin
+        )
+        # The flag wins; KubeAccess reads $KUBECONFIG, then the in-cluster variables.
+        access = KubeAccess.from_env(env, kubeconfig=kubeconfig)
+    return AgentConfig(
+        monitor=monitor,
+        node_name=node_name,
+        kubernetes=access,
+        lock_parent_path=Path(LOCK_PARENT if parent_text is None else parent_text),
+        metrics_bind=bind,
+        http_limits=http_limits,
+        legacy_metrics=legacy,
+        broker=broker,
+        shutdown_timeout=shutdown_timeout,
+        log_format=log_format,
+        log_level=log_level,
+        warnings=tuple(warnings),
+        sources=MappingProxyType(dict(reader.sources)),
+    )
+
+
+def config_from_flags(
+    flags: Mapping[str, str | bool],
+    env: Mapping[str, str],
+    *,
+    with_broker: bool = True,
+    hostname: Callable[[], str] = socket.gethostname,
+) -> AgentConfig:
+    """:func:`resolve_config` for callers without a command line (the demo).
+
+    ``flags`` maps a setting's name (``hook_path``, ``no_kubernetes``, ...) to the value its
+    flag would carry (text, or True for an on/off flag); the rules are exactly those of the
+    command line, and :func:`flag_argv` gives the equivalent arguments.
+
+    Raises:
+        ConfigError: a name that is not a setting, or what :func:`resolve_config` raises.
+    """
+    unknown = sorted(set(flags) - set(_BY_DEST))
+    if unknown:
+        raise ConfigError(f"not a setting: {', '.join(unknown)}")
+    return resolve_config(
+        argparse.Namespace(**flags), env, with_broker=with_broker, hostname=hostname
+    )
+
+
+def flag_argv(flags: Mapping[str, str | bool]) -> list[str]:
+    """The command-line arguments that :func:`config_from_flags` ``flags`` stand for."""
+    argv: list[str] = []
+    for dest, value in flags.items():
+        setting = _BY_DEST[dest]
+        if value is True:
+            argv.append(setting.flag)
+        elif value is not False:
+            argv += [setting.flag, str(value)]
+    return argv
+
+
+def check_host(config: AgentConfig) -> None:
+    """Check what :func:`resolve_config` cannot without the filesystem (SPEC M-1).
+
+    Raises:
+        ConfigError: the hook directory does not exist or is not a directory (named by the
+            flag or variable it came from).
+    """
+    hook = config.monitor.hook_path
+    if not os.path.isdir(hook):
+        origin = config.sources.get("hook_path", "HOOK_PATH")
+        raise ConfigError(f"{origin}={str(hook)!r} does not exist or is not a directory")

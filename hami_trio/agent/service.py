@@ -1,0 +1,544 @@
+"""The agent: one trio nursery for the broker, the pod watch, the monitor and the endpoint.
+
+How this works.  :func:`serve_agent` opens one nursery and starts every task in it with
+``nursery.start()``, in this order, so that each is really ready before the next one starts:
+
+1. ``broker`` - the host PID broker (only when the configuration has one, i.e. when
+   ``LIBVGPU_HOSTPID_BROKER`` is exactly ``1``): ready once its socket listens;
+2. ``pod-watch`` - the Kubernetes pod watch (unless ``--no-kubernetes``): ready once its
+   client is configured (its first list makes ``/readyz`` pass, see docs/pod-watch.md);
+3. ``monitor`` - the feedback loop with its MIG-lock cancel scope: ready after its first tick
+   (or at once while the MIG lock holds it);
+4. ``lock-parent`` - the read-only check of the workloads' shared lock parent
+   (``/tmp/vgpulock``, ``hami_trio_lock_parent_ok``): ready after its first check;
+5. ``metrics`` - ``/metrics``, ``/healthz`` and ``/readyz``: ready once it listens;
+6. ``nvml`` - releases NVML while the MIG lock exists and allows it again afterwards;
+7. ``mig-mount`` - once per monitor interval, checks that the MIG lock's directory is not a
+   mount of a directory that was deleted on the host (see :func:`mig_dir_detached`).
+
+Then it reports an :class:`AgentHandle` through ``task_status.started()``.  All of them write
+into one Prometheus registry, and ``/readyz`` runs real checks: the broker's socket file is
+still the one it bound, the pod source has listed, the monitor's tick counter moves (or the
+MIG lock pauses it).  ``/readyz`` also lists ``mig-lock-dir``, failing with the reason
+while the MIG lock directory is refused as unsafe; that check is informational (it does not
+make the agent unready: a directory a tenant made must not take the node's metrics away).
+
+Failure.  Every task runs under a supervisor that turns whatever it raises into a record of
+*which* task failed and whether it had started; a task that returns without being asked to
+stop counts as failed too.  Trio then cancels every other task - each cleans up on the way
+out, so the broker removes its socket and releases its lock, the monitor closes its files -
+and :func:`serve_agent` raises one plain exception, not an exception group:
+
+- a task that failed before it was ready with a :class:`~hami_trio.errors.HamiTrioError`
+  (a broker refusal, a busy metrics port, an unusable kubeconfig) raises that error itself,
+  whose message already names the path or address and the reason;
+- anything else - a failure after start (the broker's fatal accept error, a bug) - raises
+  :class:`~hami_trio.errors.AgentError` naming the task, with the task's error as its cause.
+
+Stopping.  :meth:`AgentHandle.request_stop` drains with a deadline (``shutdown_timeout``): the
+broker stops accepting, removes its socket and lets its in-flight exchanges finish; the monitor
+finishes its current tick; then the pod watch, the endpoint and the NVML follower are
+cancelled.  If the drain overruns its deadline, what is left is cancelled.  :func:`run_agent`
+adds the process's signals: the first SIGTERM or SIGINT drains (during the start-up: once the
+start-up is done), a second one cancels everything at once.  Both end without an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+import trio
+from prometheus_client import CollectorRegistry
+
+from hami_trio._trio import STOP_SIGNALS, StartRecorder, relay_signals, signal_name
+from hami_trio.agent.config import AgentConfig
+from hami_trio.broker.server import BrokerHandle
+from hami_trio.errors import AgentError, HamiTrioError
+from hami_trio.goparse import BindAddress
+from hami_trio.monitor.loop import Monitor
+from hami_trio.pods.source import PodInfo, PodSource, StaticPodSource
+
+if TYPE_CHECKING:
+    from hami_trio.metrics.hostgpu import NvmlLibrary
+    from hami_trio.metrics.http import ReadinessCheck
+
+__all__ = ["TASKS", "AgentHandle", "mig_dir_detached", "run_agent", "serve_agent"]
+
+logger = logging.getLogger("hami_trio.daemon")
+
+#: The agent's tasks in start order (``broker`` and ``pod-watch`` only when configured).
+TASKS: Final = ("broker", "pod-watch", "monitor", "lock-parent", "metrics", "nvml", "mig-mount")
+
+
+class _Starter(Protocol):
+    def __call__(self, *, task_status: Any) -> Awaitable[None]: ...
+
+
+class _TaskFailure(Exception):
+    """Internal: one supervised task failed; carries its name and error out of the nursery."""
+
+    def __init__(self, task: str, started: bool, error: Exception) -> None:
+        super().__init__(f"{task}: {error}")
+        self.task = task
+        self.started = started
+        self.error = error
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, HamiTrioError):
+        return str(error)
+    return f"{type(error).__name__}: {error}"
+
+
+def _public_error(failure: _TaskFailure) -> HamiTrioError:
+    """What :func:`serve_agent` raises for a task's failure (see the module docstring)."""
+    error = failure.error
+    if isinstance(error, AgentError):
+        return error
+    if not failure.started and isinstance(error, HamiTrioError):
+        return error
+    what = "failed" if failure.started else "failed to start"
+    return AgentError(
+        failure.task, f"{failure.task} {what}: {_describe(error)}", started=failure.started
+    )
+
+
+def _task_failures(group: BaseExceptionGroup[BaseException]) -> list[_TaskFailure]:
+    found: list[_TaskFailure] = []
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            found.extend(_task_failures(exc))
+        elif isinstance(exc, _TaskFailure):
+            found.append(exc)
+    return found
+
+
+class AgentHandle:
+    """What :func:`serve_agent` reports once every task is ready.
+
+    Everything here may be read from any task; :meth:`request_stop` returns at once.
+    """
+
+    def __init__(self, agent: _Agent, metrics_address: BindAddress) -> None:
+        self._agent = agent
+        self._metrics_address = metrics_address
+
+    @property
+    def config(self) -> AgentConfig:
+        """The configuration the agent runs with."""
+        return self._agent.config
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The one registry ``/metrics`` renders (every task's metrics)."""
+        return self._agent.registry
+
+    @property
+    def metrics_address(self) -> BindAddress:
+        """Where ``/metrics``, ``/healthz`` and ``/readyz`` listen (the real port if 0 was
+        asked for; host ``""`` means every interface)."""
+        return self._metrics_address
+
+    @property
+    def broker(self) -> BrokerHandle | None:
+        """The broker (socket path, live counters), or None when it is off."""
+        return self._agent.broker
+
+    @property
+    def monitor(self) -> Monitor:
+        """The monitor (``containers()``, ``paused``, ``ticks``)."""
+        assert self._agent.monitor is not None
+        return self._agent.monitor
+
+    @property
+    def pod_source(self) -> PodSource:
+        """The pods the monitor knows (the Kubernetes watch, or a static source)."""
+        assert self._agent.pod_source is not None
+        return self._agent.pod_source
+
+    def readiness(self) -> dict[str, bool]:
+        """Each readiness check by name, evaluated now (what ``/readyz`` reports)."""
+        return {name: bool(check()) for name, check in self._agent.checks.items()}
+
+    @property
+    def stopping(self) -> bool:
+        """True once a stop was requested."""
+        return self._agent.stopping
+
+    def request_stop(self) -> None:
+        """Drain and stop: the broker stops accepting and finishes its in-flight exchanges,
+        the monitor finishes its tick, then everything else is cancelled.
+
+        :func:`serve_agent` returns once that is done, or once ``shutdown_timeout`` passed
+        (what is left is then cancelled).  Calling it again does nothing.
+        """
+        self._agent.request_stop()
+
+
+class _MigLockDirCheck:
+    """Readiness line ``mig-lock-dir``: fails, with the reason, while the directory is refused.
+
+    Informational (see :func:`~hami_trio.metrics.http.make_app`): it never makes the agent
+    unready, because whoever can create the directory first could otherwise take the node's
+    metrics endpoint out of the Service.
+    """
+
+    informational = True
+
+    def __init__(self, monitor: Monitor) -> None:
+        self._monitor = monitor
+
+    def __call__(self) -> bool:
+        return self._monitor.mig_lock_problem is None
+
+    def reason(self) -> str:
+        problem = self._monitor.mig_lock_problem
+        return "" if problem is None else problem.message
+
+
+def mig_dir_detached(directory: os.PathLike[str] | str) -> bool:
+    """Whether ``directory`` resolves to a directory that was deleted (link count 0).
+
+    On an ordinary filesystem a path never resolves to a deleted directory; it does when the
+    path is a bind mount (the chart's hostPath of ``/tmp/hami``) whose source was removed on
+    the host: the mount keeps the dead directory, and a MIG lock created in the host's new
+    ``/tmp/hami`` would never be seen.  Missing or unreadable: False (the monitor reports it).
+    """
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_nlink == 0
+
+
+async def _watch_mig_mount(
+    directory: os.PathLike[str] | str,
+    interval: float,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Fail the agent once the MIG lock's directory mount went stale (only a remount helps).
+
+    Raises:
+        AgentError: the directory was deleted on the host; the restart (exit status 1)
+            lets the kubelet mount the host's current directory again (DirectoryOrCreate).
+    """
+    task_status.started()
+    while True:
+        await trio.sleep(interval)
+        if mig_dir_detached(directory):
+            raise AgentError(
+                "mig-mount",
+                f"MIG lock directory {directory} was deleted on the host while mounted: this "
+                "mount can no longer see MIG locks; exiting so that it is mounted again",
+                started=True,
+            )
+
+
+class _Agent:
+    """The state :func:`serve_agent` shares between its tasks and the handle."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.registry = CollectorRegistry()
+        self.broker: BrokerHandle | None = None
+        self.monitor: Monitor | None = None
+        self.pod_source: PodSource | None = None
+        self.checks: dict[str, ReadinessCheck] = {}
+        self.stopping = False
+        self._stop = trio.Event()
+        self._finished = {"broker": trio.Event(), "monitor": trio.Event()}
+
+    def request_stop(self) -> None:
+        self.stopping = True
+        self._stop.set()
+
+    async def supervise(
+        self, name: str, serve: _Starter, *, task_status: trio.TaskStatus[Any]
+    ) -> None:
+        """Run one task; record its name and whether it started if it fails or returns."""
+        status = StartRecorder(task_status)
+        try:
+            await serve(task_status=status)
+        except Exception as exc:
+            # Exception, not BaseException: trio.Cancelled must pass through untouched.
+            raise _TaskFailure(name, status.done, exc) from exc
+        if not self.stopping:
+            raise _TaskFailure(
+                name,
+                status.done,
+                AgentError(name, f"{name} stopped although no stop was requested", started=True),
+            )
+        if name in self._finished:
+            self._finished[name].set()
+
+    def broker_listening(self) -> bool:
+        """Readiness: the broker's socket path still names the socket it bound."""
+        broker = self.broker
+        if broker is None or self.stopping:
+            return False
+        try:
+            st = os.lstat(broker.socket_path)
+        except OSError:
+            return False
+        return stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == broker.identity
+
+    async def run(
+        self,
+        nursery: trio.Nursery,
+        nvml: NvmlLibrary | None,
+        task_status: trio.TaskStatus[AgentHandle],
+    ) -> None:
+        # Imported here: pulling in kubernetes-asyncio and aiohttp costs about half
+        # a second, which every other hami-trio command would pay at start-up.
+        from hami_trio.allocation.watch import LockParentWatch, serve_lock_parent_watch
+        from hami_trio.broker.server import serve_broker
+        from hami_trio.metrics.collector import BuildInfoCollector, VGpuCollector
+        from hami_trio.metrics.hostgpu import HostGpuSampler, serve_nvml_release
+        from hami_trio.metrics.http import progress_check, serve_http
+        from hami_trio.pods.watch import KubernetesPodSource, serve_pod_watch
+
+        config = self.config
+        registry = self.registry
+        registry.register(BuildInfoCollector())
+        if config.broker is not None:
+            self.broker = await nursery.start(
+                self.supervise, "broker", partial(serve_broker, config.broker, registry=registry)
+            )
+            self.checks["broker"] = self.broker_listening
+        all_pods: Callable[[], Mapping[str, PodInfo]] | None = None
+        if config.kubernetes is not None:
+            watch = KubernetesPodSource(config.node_name, registry=registry)
+            await nursery.start(
+                self.supervise, "pod-watch", partial(serve_pod_watch, watch, config.kubernetes)
+            )
+            self.pod_source, all_pods = watch, watch.pods
+            self.checks["pod-watch"] = lambda: watch.ready
+        else:
+            self.pod_source = StaticPodSource()
+        monitor = Monitor(config.monitor, pod_source=self.pod_source, registry=registry)
+        self.monitor = monitor
+        sampler = HostGpuSampler(nvml)
+        registry.register(
+            VGpuCollector(
+                monitor,
+                self.pod_source,
+                node_name=config.node_name,
+                kubernetes=config.kubernetes is not None,
+                all_pods=all_pods,
+                host=sampler,
+                legacy=config.legacy_metrics,
+            )
+        )
+        # A tick may take up to its deadline; three intervals without one is a stall.
+        monitor_config = config.monitor
+        stall = 3 * monitor_config.interval + (
+            monitor_config.tick_deadline or monitor_config.interval
+        )
+        self.checks["monitor"] = progress_check(
+            lambda: monitor.ticks, max_stall=stall, idle=lambda: monitor.paused
+        )
+        self.checks["mig-lock-dir"] = _MigLockDirCheck(monitor)
+        await nursery.start(self.supervise, "monitor", monitor.serve)
+        lock_parent = LockParentWatch(
+            str(config.lock_parent_path),
+            owner=os.geteuid(),
+            broker=config.broker is not None,
+            registry=registry,
+        )
+        await nursery.start(
+            self.supervise,
+            "lock-parent",
+            partial(serve_lock_parent_watch, lock_parent, monitor_config.interval),
+        )
+        bound: BindAddress = await nursery.start(
+            self.supervise,
+            "metrics",
+            partial(
+                serve_http, config.metrics_bind, registry, self.checks, limits=config.http_limits
+            ),
+        )
+        await nursery.start(
+            self.supervise, "nvml", partial(serve_nvml_release, sampler, lambda: monitor.paused)
+        )
+        await nursery.start(
+            self.supervise,
+            "mig-mount",
+            partial(_watch_mig_mount, monitor_config.mig_lock_path.parent, monitor_config.interval),
+        )
+
+        broker_text = str(self.broker.socket_path) if self.broker is not None else "off"
+        pods_text = (
+            config.kubernetes.describe()
+            if config.kubernetes is not None
+            else "off (--no-kubernetes)"
+        )
+        logger.info(
+            "agent ready: broker %s, pod watch %s, monitor on %s, metrics on %s",
+            broker_text,
+            pods_text,
+            monitor_config.containers_dir,
+            bound,
+            extra={
+                "event": "ready",
+                "broker_socket": broker_text,
+                "pod_watch": pods_text,
+                "containers_dir": str(monitor_config.containers_dir),
+                "metrics_address": str(bound),
+            },
+        )
+        task_status.started(AgentHandle(self, bound))
+
+        await self._stop.wait()
+        await self._drain()
+        nursery.cancel_scope.cancel()
+
+    async def _drain(self) -> None:
+        """Stop the broker and the monitor gracefully, within ``shutdown_timeout``."""
+        timeout = self.config.shutdown_timeout
+        with trio.move_on_after(timeout) as deadline:
+            if self.broker is not None:
+                self.broker.stop()
+            assert self.monitor is not None
+            self.monitor.request_stop()
+            await self._finished["monitor"].wait()
+            if self.broker is not None:
+                await self._finished["broker"].wait()
+        if deadline.cancelled_caught:
+            logger.warning(
+                "graceful stop took longer than %gs; cancelling what is left",
+                timeout,
+                extra={"event": "drain_timeout"},
+            )
+        served = self.broker.stats.total if self.broker is not None else 0
+        ticks = self.monitor.ticks if self.monitor is not None else 0
+        logger.info(
+            "agent stopped (%d broker exchanges served, %d monitor ticks)",
+            served,
+            ticks,
+            extra={"event": "stopped", "broker_exchanges": served, "monitor_ticks": ticks},
+        )
+
+
+async def serve_agent(
+    config: AgentConfig,
+    *,
+    nvml: NvmlLibrary | None = None,
+    task_status: trio.TaskStatus[AgentHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the whole agent until :meth:`AgentHandle.request_stop` or cancellation.
+
+    Start it with ``handle = await nursery.start(serve_agent, config)``: the handle comes only
+    once every task is ready (see the module docstring for the order).
+
+    Args:
+        config: what to run (:func:`~hami_trio.agent.config.resolve_config`).
+        nvml: the NVML binding for host GPU metrics (default ``pynvml``; tests pass a fake).
+        task_status: trio's start protocol; receives the :class:`AgentHandle`.
+
+    Raises:
+        HamiTrioError: a task could not start; the task's own error (for example
+            :class:`~hami_trio.errors.BrokerStartupError`,
+            :class:`~hami_trio.errors.HttpServerError`,
+            :class:`~hami_trio.errors.PodSourceError`).  Nothing is left running and the
+            broker's socket is gone.
+        AgentError: a task failed after the start (or failed to start with an error that is
+            not a HamiTrioError); every other task was cancelled and cleaned up.
+    """
+    agent = _Agent(config)
+    try:
+        async with trio.open_nursery() as nursery:
+            await agent.run(nursery, nvml, task_status)
+    except BaseExceptionGroup as group:
+        failures = _task_failures(group)
+        if not failures:
+            raise
+        first, *others = failures
+        for other in others:
+            logger.error("%s also failed: %s", other.task, _describe(other.error))
+        logger.debug("%s failed", first.task, exc_info=first.error)
+        error = _public_error(first)
+        if error is first.error:
+            raise error from error.__cause__
+        raise error from first.error
+
+
+async def run_agent(
+    config: AgentConfig,
+    *,
+    nvml: NvmlLibrary | None = None,
+    task_status: trio.TaskStatus[AgentHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """:func:`serve_agent` driven by SIGTERM and SIGINT: what ``hami-trio run`` runs.
+
+    The first signal drains (one that comes during the start-up lets it finish, then drains),
+    a second one cancels everything at once; either way this returns normally.  Signals are
+    caught from before the first task starts, so none can kill the process half-way.
+
+    Raises:
+        HamiTrioError: as :func:`serve_agent`.
+    """
+    failure: HamiTrioError | None = None
+    handle: AgentHandle | None = None
+    stop_requested = False
+    what = (
+        "the current tick and the broker's in-flight exchanges"
+        if config.broker is not None
+        else "the current tick"
+    )
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        async with trio.open_nursery() as nursery:
+
+            def first(signum: int) -> None:
+                nonlocal stop_requested
+                name = signal_name(signum)
+                logger.info(
+                    "%s, stopping after %s (at most %gs; a second signal cancels at once)",
+                    name,
+                    what,
+                    config.shutdown_timeout,
+                    extra={"event": "stopping", "signal": name},
+                )
+                stop_requested = True
+                if handle is not None:
+                    handle.request_stop()
+                # Else the start-up finishes first (each of its steps is bounded: a broker
+                # probe, a kubeconfig load, one monitor tick, a bind), then the drain begins,
+                # so a signal means the same thing whenever it comes.
+
+            def second(signum: int) -> None:
+                logger.warning(
+                    "%s again: cancelling what is still running",
+                    signal_name(signum),
+                    extra={"event": "cancelling"},
+                )
+                nursery.cancel_scope.cancel()
+
+            async def agent(*, task_status: trio.TaskStatus[AgentHandle]) -> None:
+                nonlocal failure
+                status = StartRecorder(task_status)
+                try:
+                    await serve_agent(config, nvml=nvml, task_status=status)
+                except HamiTrioError as exc:
+                    if not status.done:
+                        raise  # nursery.start() below raises it as it is
+                    failure = exc
+                nursery.cancel_scope.cancel()  # the signal relay's job is over
+
+            nursery.start_soon(relay_signals, signals, first, second)
+            try:
+                handle = await nursery.start(agent)
+            except HamiTrioError as exc:
+                failure = exc
+                nursery.cancel_scope.cancel()
+            else:
+                task_status.started(handle)
+                if stop_requested:
+                    handle.request_stop()
+    if failure is not None:
+        raise failure

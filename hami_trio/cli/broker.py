@@ -1,0 +1,148 @@
+"""``hami-trio broker``: run the host PID broker alone, in the foreground.
+
+How this works: the command builds a :class:`~hami_trio.broker.server.BrokerConfig` from its
+flags and runs :func:`~hami_trio.broker.server.serve_broker` under ``trio.run``.  An explicit
+command needs no ``LIBVGPU_HOSTPID_BROKER`` switch (that switch gates the broker inside the
+full agent).  The first SIGTERM or SIGINT stops it gracefully (stop accepting, remove the own
+socket, let in-flight exchanges finish within their deadline) and the command exits 0; a
+second signal cancels what is still in flight.  A start-up refusal (unsafe directory, lock
+held by another broker, live socket, ...) is one line on stderr naming the path and the
+reason, exit status 1; a bad flag value exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import trio
+
+from hami_trio._trio import STOP_SIGNALS, freeze_startup_objects, relay_signals
+from hami_trio.broker.boundary import DEFAULT_SOCKET_PATH, LOCK_DIR_SUFFIX, LOCK_NAME
+from hami_trio.broker.server import (
+    DEFAULT_EXCHANGE_DEADLINE,
+    DEFAULT_MAX_EXCHANGES,
+    BrokerConfig,
+    BrokerHandle,
+    serve_broker,
+)
+from hami_trio.errors import BrokerError, BrokerStartupError, ConfigError
+from hami_trio.goparse import parse_seconds
+from hami_trio.logs import configure_logging
+
+__all__ = ["parse_deadline", "register", "run_broker"]
+
+
+def parse_deadline(text: str) -> float:
+    """Parse ``--exchange-deadline``: seconds (``0.5``) or a Go duration (``500ms``).
+
+    Raises:
+        ConfigError: not a positive, finite duration.
+    """
+    return parse_seconds(text, name="--exchange-deadline")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``broker`` subcommand."""
+    parser = subparsers.add_parser(
+        "broker",
+        help="run the host PID broker alone in the foreground",
+        description=(
+            "Serve the host PID broker protocol v1 on a Unix socket until SIGTERM or SIGINT. "
+            "The default socket path needs root; any other path is owned by the current user."
+        ),
+    )
+    parser.add_argument(
+        "--socket-path",
+        type=Path,
+        default=DEFAULT_SOCKET_PATH,
+        metavar="PATH",
+        help=f"Unix socket to listen on (default {DEFAULT_SOCKET_PATH})",
+    )
+    parser.add_argument(
+        "--lock-path",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="lock file that keeps a second broker from starting; it must not be in, below or "
+        f"above the socket's directory (default <socket dir>{LOCK_DIR_SUFFIX}/{LOCK_NAME}, "
+        "beside it)",
+    )
+    parser.add_argument(
+        "--max-exchanges",
+        default=str(DEFAULT_MAX_EXCHANGES),
+        metavar="N",
+        help="exchanges that may wait for their request at once; more are closed at once "
+        f"(default {DEFAULT_MAX_EXCHANGES})",
+    )
+    parser.add_argument(
+        "--exchange-deadline",
+        default=str(DEFAULT_EXCHANGE_DEADLINE),
+        metavar="SECONDS",
+        help="total time for one exchange, in seconds or as a Go duration such as 500ms "
+        f"(default {DEFAULT_EXCHANGE_DEADLINE})",
+    )
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    parser.add_argument("--log-level", default="info", metavar="LEVEL")
+    parser.set_defaults(func=_cmd_broker)
+
+
+def _cmd_broker(args: argparse.Namespace) -> int:
+    try:
+        max_exchanges = int(args.max_exchanges)
+    except ValueError:
+        raise ConfigError(
+            f"--max-exchanges must be an integer, got {args.max_exchanges!r}"
+        ) from None
+    config = BrokerConfig(
+        socket_path=args.socket_path,
+        lock_path=args.lock_path,
+        max_exchanges=max_exchanges,
+        exchange_deadline=parse_deadline(args.exchange_deadline),
+    )
+    try:
+        configure_logging(args.log_format, args.log_level)
+    except ValueError as exc:
+        raise ConfigError(f"--log-level: {exc}") from None
+    freeze_startup_objects()
+    trio.run(run_broker, config)
+    return 0
+
+
+async def run_broker(config: BrokerConfig) -> None:
+    """Serve until SIGTERM/SIGINT, then shut down gracefully.
+
+    Raises:
+        BrokerStartupError: the broker refused to start.
+        BrokerError: the broker failed after it started.
+    """
+    failure: BrokerError | None = None
+
+    async def serve(*, task_status: trio.TaskStatus[BrokerHandle]) -> None:
+        nonlocal failure
+        try:
+            await serve_broker(config, task_status=task_status)
+        except BrokerStartupError:
+            raise  # before ready: nursery.start() raises it as is
+        except BrokerError as exc:
+            # After start-up: raised as itself once the nursery is closed, not inside an
+            # exception group.
+            failure = exc
+        nursery.cancel_scope.cancel()  # the signal watcher's job is over
+
+    # Signals are caught from before the socket exists, so none can kill the process halfway.
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        async with trio.open_nursery() as nursery:
+            try:
+                handle = await nursery.start(serve)
+            except BrokerStartupError as exc:
+                failure = exc
+            else:
+                nursery.start_soon(
+                    relay_signals,
+                    signals,
+                    lambda _: handle.stop(),
+                    lambda _: nursery.cancel_scope.cancel(),
+                )
+    if failure is not None:
+        raise failure

@@ -1,0 +1,91 @@
+"""The ``hami-trio`` command line.
+
+Each feature owns its subcommands in its own module (``hami_trio/<feature>/cli.py``), which
+exposes ``register(subparsers)``; this module only assembles them, runs the chosen one and
+turns expected errors into one clear line and an exit status:
+
+- 0: success;
+- 1: the command ran and failed (:class:`~hami_trio.errors.HamiTrioError`, e.g. a broker that
+  refused to start, a ``.cache`` file that does not load);
+- 2: bad usage or configuration (argparse errors, :class:`~hami_trio.errors.ConfigError`).
+
+A command function takes the parsed ``argparse.Namespace`` and returns the exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from typing import Protocol, cast
+
+from hami_trio._version import __version__
+from hami_trio.errors import ConfigError, HamiTrioError
+
+__all__ = ["build_parser", "main"]
+
+CommandFunc = Callable[[argparse.Namespace], int]
+
+# Modules that contribute subcommands, in the order they appear in --help.
+_COMMAND_MODULES: tuple[str, ...] = (
+    "hami_trio.cli.run",
+    "hami_trio.cli.broker",
+    "hami_trio.cli.hostpid",
+    "hami_trio.cli.allocate",
+    "hami_trio.cli.monitor",
+    "hami_trio.cli.demo",
+)
+
+
+class _Registrar(Protocol):
+    def register(self, subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+        """Add this module's subcommands; each sets ``func`` with ``set_defaults``."""
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    """Print hami-trio's version and those of the libraries it runs on (for bug reports)."""
+    from importlib import metadata
+
+    print(f"hami-trio {__version__}")
+    print(f"python {sys.version.split()[0]}")
+    for dist in ("trio", "prometheus-client", "kubernetes-asyncio", "trio-asyncio", "h11"):
+        try:
+            print(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            print(f"{dist} not installed")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser with every feature's subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="hami-trio",
+        description="Node agent for HAMi GPU sharing: host PID broker, vGPU monitor, metrics.",
+    )
+    parser.add_argument("--version", action="version", version=f"hami-trio {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    version = subparsers.add_parser("version", help="print versions of hami-trio and its libraries")
+    version.set_defaults(func=_cmd_version)
+    for name in _COMMAND_MODULES:
+        cast(_Registrar, importlib.import_module(name)).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hami-trio`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = cast(CommandFunc, args.func)
+    try:
+        return func(args)
+    except ConfigError as exc:
+        print(f"hami-trio {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except HamiTrioError as exc:
+        print(f"hami-trio {args.command}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""``hami-trio run``: the node agent in the foreground - the DaemonSet's entrypoint.
+
+How this works: the flags (and their environment fallbacks, see
+:mod:`hami_trio.agent.config`) resolve into one :class:`~hami_trio.agent.config.AgentConfig`;
+``--print-config`` prints it as JSON and exits 0.  Otherwise the hook directory is checked,
+logging configured, the configuration's warnings logged, and
+:func:`~hami_trio.agent.service.run_agent` runs under ``trio.run`` until SIGTERM or SIGINT.
+
+Exit status: 0 after a signal (graceful drain, or a second signal's immediate cancel); 1 when a
+task could not start (a broker refusal, a busy metrics port, an unusable kubeconfig - one line
+naming the path or address and the reason) or failed after the start (one line naming the
+task and its error; ``--log-level=debug`` logs the traceback); 2 for an invalid flag or
+variable (one line naming it and the value).
+
+``hami-trio monitor`` is the same agent without the broker (:func:`run_agent_process` is
+shared), so the two commands cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from functools import partial
+from typing import TYPE_CHECKING
+
+import trio
+
+from hami_trio._trio import freeze_startup_objects
+from hami_trio.agent.config import AgentConfig, add_agent_arguments, check_host, resolve_config
+from hami_trio.logs import configure_logging
+
+if TYPE_CHECKING:
+    from hami_trio.metrics.hostgpu import NvmlLibrary
+
+__all__ = ["register", "run_agent_process"]
+
+logger = logging.getLogger("hami_trio.daemon")
+
+
+def run_agent_process(config: AgentConfig, *, nvml: NvmlLibrary | None = None) -> int:
+    """Run the agent as this process's main program until a signal stops it.
+
+    Checks the host, configures logging, logs the configuration's warnings, freezes the
+    start-up objects out of the garbage collector's reach and runs
+    :func:`~hami_trio.agent.service.run_agent` under ``trio.run``.
+
+    Returns:
+        0 once stopped by a signal.
+
+    Raises:
+        ConfigError: the hook directory does not exist.
+        HamiTrioError: a task could not start, or failed (its traceback is logged at debug).
+    """
+    from hami_trio.agent.service import run_agent
+
+    check_host(config)
+    configure_logging(config.log_format, config.log_level)
+    for warning in config.warnings:
+        logger.warning("%s", warning, extra={"event": "config_warning"})
+    freeze_startup_objects()
+    # A failing task's traceback is logged at debug level by serve_agent; the CLI prints the
+    # error itself as one line.
+    trio.run(partial(run_agent, config, nvml=nvml))
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    config = resolve_config(args, os.environ)
+    if args.print_config:
+        print(json.dumps(config.to_json(), indent=2))
+        return 0
+    return run_agent_process(config)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``run`` subcommand."""
+    parser = subparsers.add_parser(
+        "run",
+        help="run the node agent (DaemonSet entrypoint): broker, monitor, pod watch, metrics",
+        description=(
+            "Run the hami-trio node agent until SIGTERM or SIGINT: the host PID broker (only "
+            "when LIBVGPU_HOSTPID_BROKER is exactly 1), the pod watch of NODE_NAME, the vGPU "
+            "monitor over $HOOK_PATH/containers and the /metrics, /healthz, /readyz endpoint, "
+            "in one process.  Every flag falls back to the environment variable shown in "
+            "brackets; a flag wins over its variable."
+        ),
+    )
+    add_agent_arguments(parser, broker=True)
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved configuration (JSON: values, where each came from, warnings) "
+        "and exit without starting anything",
+    )
+    parser.set_defaults(func=_cmd_run)

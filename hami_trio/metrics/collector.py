@@ -1,0 +1,645 @@
+"""The Prometheus collector of the vGPU monitor: upstream's metrics from the latest snapshots.
+
+How this works.  :class:`VGpuCollector` is a custom prometheus-client collector registered
+into an injected registry.  Each scrape (in a worker thread, see
+:mod:`hami_trio.metrics.http`) it reads:
+
+- the monitor's latest completed tick - an immutable mapping of containers to
+  ``UsageSnapshot`` values - never a ``.cache`` file, so a scrape cannot race a tenant rewriting
+  its file or the lister unmapping it, and costs no I/O;
+- the pod source, to name each container's pod (``namespace``, ``pod``), and, with
+  Kubernetes, the pods' MIG allocation annotations;
+- the NVML sampler, for the host GPU families (absent without NVML, and while the MIG lock
+  holds the monitor the sampler is paused and its handles released).
+
+It exports every container metric of HAMi's vGPUmonitor with the same names, help texts and
+labels, and the collector-wide ``zone="vGPU"`` label upstream adds with a wrapping registerer:
+
+- ``hami_vgpu_memory_used_bytes``, ``hami_container_device_memory_bytes``: the sum of the
+  live slots' ``total`` per device;
+- ``hami_vgpu_memory_limit_bytes``: ``limit[i]``;
+- ``hami_container_device_utilization_ratio``: the sum of ``sm_util``;
+- ``hami_vgpu_memory_{context,module,buffer}_bytes``: the sums of those slot fields;
+- ``hami_container_last_kernel_elapsed_seconds``: ``now - last_kernel_time``, only if > 0;
+- ``hami_mig_device_info``: 1 per realised MIG allocation of the pod annotation.
+
+Container labels are ``namespace, pod, container, vdevice_index, device_uuid`` (the first 40
+bytes of the UUID field, NULs removed); devices whose UUID slot is unused or not UTF-8 are
+skipped.  Pod resolution follows upstream: with Kubernetes, a container is exported only when
+its pod is known, carries the ``hami.io/vgpu-node=<node>`` label HAMi's scheduler sets, and
+lists the container in ``spec.containers``; without Kubernetes (``StaticPodSource``) every
+container is exported with ``namespace=""`` and ``pod=<PodUID>``.
+
+``legacy=True`` adds upstream's ``--legacy-metrics`` families with their old names and labels
+(``podnamespace, podname, ctrname, vdeviceid, deviceuuid``; ``Device_memory_desc_of_container``
+also carries ``context, module, data, offset``, where ``offset = total - context - module -
+data`` wraps modulo 2**64 like Go's uint64 arithmetic).
+
+Our own families here: ``hami_trio_container_blocked{namespace,pod,container}`` (1 while the
+monitor holds the container blocked, ``recent_kernel < 0``),
+``hami_trio_collector_errors_total{phase}`` (below) and, from :class:`BuildInfoCollector`,
+``hami_build_info{version,python_version,trio_version} 1``.
+
+Tenant data never fails a scrape.  Pod names, container names (directory names, decoded with
+surrogate escapes when they are not UTF-8) and the MIG annotation are written by tenants, so
+every part of a scrape is isolated:
+
+- ``container``: one container's rows are built as a unit; if anything raises (a label value
+  that cannot be encoded as UTF-8, say) only that container's rows are dropped;
+- ``mig``: an annotation the decoder refuses (see :mod:`hami_trio.pods.migalloc` for its
+  bounds) or any failure while building one pod's MIG rows drops that pod's MIG rows only;
+- ``pods``: the pod source failing to list its pods drops the MIG rows of this scrape;
+- ``host``: the NVML sampler failing drops the host GPU families of this scrape.
+
+Each drop adds 1 to ``hami_trio_collector_errors_total{phase}`` (a refused annotation counts
+once per value, since decoding is cached; the other phases count per scrape) and logs a
+warning naming the pod or container, at most one per pod or container per
+:data:`WARNING_INTERVAL` seconds.
+
+The collector depends only on the shape of the monitor's read-only view (the protocols
+below), not on its implementation.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Final, Protocol
+
+import trio
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from hami_trio._version import __version__
+from hami_trio.logs import RateLimiter
+from hami_trio.metrics.exposition import FastGauge, render_labels
+from hami_trio.metrics.hostgpu import HostGpuSampler, host_gpu_families
+from hami_trio.pods.migalloc import (
+    MIG_ALLOCATIONS_ANNOTATION,
+    MigAllocation,
+    MigAnnotationError,
+    decode_mig_allocations,
+    mig_container_name,
+)
+from hami_trio.pods.source import PodInfo, PodSource
+
+__all__ = [
+    "COLLECTOR_ERROR_PHASES",
+    "NODE_LABEL",
+    "WARNING_INTERVAL",
+    "ZONE",
+    "BuildInfoCollector",
+    "ContainerView",
+    "DeviceView",
+    "MonitorView",
+    "SnapshotView",
+    "VGpuCollector",
+]
+
+_log = logging.getLogger("hami_trio.monitor.metrics")  # the name in the logs (kept across moves)
+
+#: The pod label HAMi's scheduler sets to the node a pod was assigned to.
+NODE_LABEL: Final = "hami.io/vgpu-node"
+#: Upstream's collector-wide ``zone`` label value.
+ZONE: Final = "vGPU"
+
+#: The ``phase`` label values of ``hami_trio_collector_errors_total`` (a fixed set).
+COLLECTOR_ERROR_PHASES: Final = ("container", "mig", "pods", "host")
+#: Seconds between two warnings about the same pod or container (the rest are counted).
+WARNING_INTERVAL: Final = 600.0
+
+_MASK64: Final = (1 << 64) - 1
+_SIGN64: Final = 1 << 63
+
+
+# The read-only view of the monitor this collector needs (structural: the monitor's own
+# Monitor / ContainerState / UsageSnapshot / DeviceUsage / DeviceUUID classes satisfy it).
+
+
+class UUIDView(Protocol):
+    """A device's UUID slot."""
+
+    @property
+    def label(self) -> str | None:
+        """Upstream's label (first 40 bytes, NULs removed) or None (unused / not UTF-8)."""
+        ...
+
+
+class DeviceView(Protocol):
+    """One device of a container's snapshot."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def uuid(self) -> UUIDView: ...
+    @property
+    def memory_limit(self) -> int: ...
+    @property
+    def memory_total(self) -> int: ...
+    @property
+    def context_size(self) -> int: ...
+    @property
+    def module_size(self) -> int: ...
+    @property
+    def buffer_size(self) -> int: ...
+    @property
+    def sm_util(self) -> int: ...
+
+
+class SnapshotView(Protocol):
+    """A container's usage snapshot from the latest tick."""
+
+    @property
+    def devices(self) -> Sequence[DeviceView]: ...
+    @property
+    def recent_kernel(self) -> int: ...
+    @property
+    def last_kernel_time(self) -> int: ...
+
+
+class ContainerView(Protocol):
+    """One container directory as of the latest tick."""
+
+    @property
+    def pod_uid(self) -> str: ...
+    @property
+    def container_name(self) -> str: ...
+    @property
+    def snapshot(self) -> SnapshotView | None: ...
+
+
+class MonitorView(Protocol):
+    """The monitor as the collector reads it."""
+
+    def containers(self) -> Mapping[Any, ContainerView]:
+        """The latest completed tick's containers (immutable)."""
+        ...
+
+    @property
+    def paused(self) -> bool:
+        """True while the MIG lock holds the monitor."""
+        ...
+
+
+_CONTAINER_LABELS: Final = ("namespace", "pod", "container", "vdevice_index", "device_uuid")
+_LEGACY_LABELS: Final = ("podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid")
+_MIG_LABELS: Final = (
+    *_CONTAINER_LABELS,
+    "mig_uuid",
+    "profile",
+    "gpu_instance_id",
+    "compute_instance_id",
+)
+
+
+def _int64(value: int) -> int:
+    """Go's ``int64(uint64)``: values with the top bit set are negative."""
+    return value - (1 << 64) if value & _SIGN64 else value
+
+
+_ZONE_SUFFIX: Final = f',zone="{ZONE}"}}'  # how every rendered label string ends
+
+
+class _LabelCache:
+    """Rendered label strings by label values, kept across scrapes (bounded).
+
+    The same containers are scraped again and again; only their values change.  Two scrapes
+    may run at once: dict reads and writes are atomic, and trimming replaces the dict.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, ...], tuple[str, str]] = {}
+
+    def get(self, values: tuple[str, ...]) -> tuple[str, str]:
+        """``(new-style labels, legacy labels)`` for ``(ns, pod, container, index, uuid)``."""
+        rendered = self._entries.get(values)
+        if rendered is None:
+            rendered = (
+                render_labels((*_CONTAINER_LABELS, "zone"), (*values, ZONE)),
+                render_labels((*_LEGACY_LABELS, "zone"), (*values, ZONE)),
+            )
+            self._entries[values] = rendered
+        return rendered
+
+    def trim(self, in_use: int) -> None:
+        """Forget everything once the cache is far larger than what a scrape uses."""
+        if len(self._entries) > 4 * in_use + 1024:
+            self._entries = {}
+
+
+class _Families:
+    """The families of one scrape, created empty and filled per container."""
+
+    def __init__(self, legacy: bool, labels: _LabelCache) -> None:
+        self._labels = labels
+        self._rows: list[list[tuple[tuple[str, ...], str, int]]] | None = None
+        self.devices = 0
+        new = (*_CONTAINER_LABELS, "zone")
+
+        def gauge(name: str, help_text: str, names: Sequence[str] = new) -> FastGauge:
+            return FastGauge(name, help_text, names)
+
+        self.used = gauge("hami_vgpu_memory_used_bytes", "vGPU device memory usage in bytes")
+        self.limit = gauge("hami_vgpu_memory_limit_bytes", "vGPU device memory limit in bytes")
+        self.memory = gauge(
+            "hami_container_device_memory_bytes", "Container device memory usage in bytes"
+        )
+        self.util = gauge(
+            "hami_container_device_utilization_ratio", "Container device SM utilization ratio"
+        )
+        self.last_kernel = gauge(
+            "hami_container_last_kernel_elapsed_seconds",
+            "Seconds since last kernel execution in container",
+        )
+        self.mig = gauge(
+            "hami_mig_device_info",
+            "MIG runtime identity for a container allocation",
+            (*_MIG_LABELS, "zone"),
+        )
+        self.context = gauge(
+            "hami_vgpu_memory_context_bytes", "Container device memory context size in bytes"
+        )
+        self.module = gauge(
+            "hami_vgpu_memory_module_bytes", "Container device memory module size in bytes"
+        )
+        self.buffer = gauge(
+            "hami_vgpu_memory_buffer_bytes", "Container device memory buffer size in bytes"
+        )
+        self.blocked = gauge(
+            "hami_trio_container_blocked",
+            "1 while the monitor blocks the container's kernel launches (recent_kernel < 0)",
+            ("namespace", "pod", "container"),
+        )
+        self.legacy = legacy
+        old = (*_LEGACY_LABELS, "zone")
+        self.legacy_used = gauge("vGPU_device_memory_usage_in_bytes", "vGPU device usage", old)
+        self.legacy_limit = gauge("vGPU_device_memory_limit_in_bytes", "vGPU device limit", old)
+        self.legacy_memory = gauge(
+            "Device_memory_desc_of_container",
+            "Container device memory description",
+            (*_LEGACY_LABELS, "context", "module", "data", "offset", "zone"),
+        )
+        self.legacy_util = gauge(
+            "Device_utilization_desc_of_container", "Container device utilization description", old
+        )
+        self.legacy_last_kernel = gauge(
+            "Device_last_kernel_of_container", "Container device last kernel description", old
+        )
+        self.legacy_mig = gauge(
+            "MigInfo",
+            "Mig device information for container",
+            (*_LEGACY_LABELS, "instanceid", "zone"),
+        )
+
+    def every(self) -> list[FastGauge]:
+        """Every family of the scrape, legacy ones included."""
+        return [value for value in vars(self).values() if isinstance(value, FastGauge)]
+
+    def checkpoint(self) -> list[int]:
+        """The current length of every family (see :meth:`rollback`); cheap, once per
+        container."""
+        if self._rows is None:
+            self._rows = [family._rows for family in self.every()]
+        return list(map(len, self._rows))
+
+    def rollback(self, checkpoint: list[int]) -> None:
+        """Drop every sample added since ``checkpoint``."""
+        assert self._rows is not None
+        for rows, length in zip(self._rows, checkpoint, strict=True):
+            del rows[length:]
+
+    def upstream(self) -> list[FastGauge]:
+        families = [
+            self.used,
+            self.limit,
+            self.memory,
+            self.util,
+            self.last_kernel,
+            self.mig,
+            self.context,
+            self.module,
+            self.buffer,
+        ]
+        if self.legacy:
+            families += [
+                self.legacy_used,
+                self.legacy_limit,
+                self.legacy_memory,
+                self.legacy_util,
+                self.legacy_last_kernel,
+                self.legacy_mig,
+            ]
+        return families
+
+    def add_device(self, ids: tuple[str, ...], device: DeviceView, elapsed: int | None) -> None:
+        """All rows of one device; ``ids`` = (namespace, pod, container, index, uuid)."""
+        self.devices += 1
+        rendered, rendered_old = self._labels.get(ids)
+        values = (*ids, ZONE)
+        total = device.memory_total
+        self.used.add(values, rendered, total)
+        self.limit.add(values, rendered, device.memory_limit)
+        self.memory.add(values, rendered, total)
+        self.util.add(values, rendered, device.sm_util)
+        self.context.add(values, rendered, device.context_size)
+        self.module.add(values, rendered, device.module_size)
+        self.buffer.add(values, rendered, device.buffer_size)
+        if elapsed is not None:
+            self.last_kernel.add(values, rendered, elapsed)
+        if self.legacy:
+            self.legacy_used.add(values, rendered_old, total)
+            self.legacy_limit.add(values, rendered_old, device.memory_limit)
+            self.legacy_util.add(values, rendered_old, device.sm_util)
+            if elapsed is not None:
+                self.legacy_last_kernel.add(values, rendered_old, elapsed)
+            # Upstream subtracts in uint64: parts larger than the total wrap around.
+            parts = (
+                str(device.context_size),
+                str(device.module_size),
+                str(device.buffer_size),
+                str(
+                    (total - device.context_size - device.module_size - device.buffer_size)
+                    & _MASK64
+                ),
+            )
+            memory_values = (*ids, *parts, ZONE)
+            memory_rendered = (
+                rendered_old[: -len(_ZONE_SUFFIX)]
+                + ',context="{}",module="{}",data="{}",offset="{}"'.format(*parts)
+                + _ZONE_SUFFIX
+            )
+            self.legacy_memory.add(memory_values, memory_rendered, total)
+
+
+class VGpuCollector(Collector):
+    """Upstream's vGPUmonitor metrics (plus ``hami_trio_container_blocked``) per scrape.
+
+    Args:
+        monitor: the monitor's read-only view (latest snapshots, MIG pause state).
+        pod_source: resolves a container's pod UID to its namespace and name.
+        node_name: this node; with ``kubernetes=True`` only pods labelled
+            ``hami.io/vgpu-node=<node_name>`` are exported (upstream's selection).  Also the
+            ``node`` label of the host GPU families.
+        kubernetes: apply upstream's pod matching (label and ``spec.containers``); False for
+            ``--no-kubernetes``, where every container is exported under its pod UID.
+        all_pods: every known pod, for ``hami_mig_device_info`` (the Kubernetes source's
+            ``pods``); None: no MIG rows.
+        host: the NVML sampler for host GPU families; None: no host families.
+        legacy: also export upstream's legacy names and labels.
+        wall_clock: Unix time for ``last_kernel_elapsed`` (tests inject one).
+    """
+
+    def __init__(
+        self,
+        monitor: MonitorView,
+        pod_source: PodSource,
+        *,
+        node_name: str,
+        kubernetes: bool = True,
+        all_pods: Callable[[], Mapping[str, PodInfo]] | None = None,
+        host: HostGpuSampler | None = None,
+        legacy: bool = False,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._monitor = monitor
+        self._pods = pod_source
+        self._node = node_name
+        self._kubernetes = kubernetes
+        self._all_pods = all_pods
+        self._host = host
+        self._legacy = legacy
+        self._clock = wall_clock
+        # Decoded MIG annotations by pod UID: (raw value, allocations or None when invalid).
+        # Scrapes may run in two threads at once, hence the lock.
+        self._mig_cache: dict[str, tuple[str, tuple[MigAllocation, ...] | None]] = {}
+        self._mig_lock = threading.Lock()
+        self._warnings = RateLimiter(WARNING_INTERVAL, max_keys=4096)
+        self._labels = _LabelCache()
+        self._errors = dict.fromkeys(COLLECTOR_ERROR_PHASES, 0)
+        self._errors_lock = threading.Lock()
+
+    def describe(self) -> list[Metric]:
+        """The families this collector can export (lets the registry reject duplicates)."""
+        families = _Families(self._legacy, _LabelCache())
+        host = host_gpu_families((), "", legacy=self._legacy, const_labels=[("zone", ZONE)])
+        return [*host, *families.upstream(), families.blocked, self._error_family()]
+
+    def collect(self) -> list[Metric]:
+        """Build every family from the latest snapshots (called by the registry per scrape)."""
+        families = _Families(self._legacy, self._labels)
+        self._collect_containers(families)
+        self._labels.trim(families.devices)
+        self._collect_mig(families)
+        host = self._collect_host()
+        fast = [family for family in (*families.upstream(), families.blocked) if len(family)]
+        # Like Go's registry, a family without samples is not exposed at all.
+        return [*(family for family in host if family.samples), *fast, self._error_family()]
+
+    def errors(self) -> dict[str, int]:
+        """``hami_trio_collector_errors_total`` by phase (a copy)."""
+        with self._errors_lock:
+            return dict(self._errors)
+
+    def _error_family(self) -> CounterMetricFamily:
+        family = CounterMetricFamily(
+            "hami_trio_collector_errors",
+            "Parts of a scrape dropped because of the data they hold (tenant input), by phase",
+            labels=("phase",),
+        )
+        for phase, count in self.errors().items():
+            family.add_metric((phase,), count)
+        return family
+
+    def _failed(self, phase: str, key: Hashable, msg: str, *args: object) -> None:
+        """Count one dropped part and warn (rate-limited per ``key``)."""
+        with self._errors_lock:
+            self._errors[phase] += 1
+        self._warnings.log(_log, logging.WARNING, key, msg, *args)
+
+    def _pod_for(self, container: ContainerView) -> PodInfo | None:
+        pod = self._pods.lookup(container.pod_uid)
+        if pod is None or not self._kubernetes:
+            return pod
+        if pod.labels.get(NODE_LABEL) != self._node:
+            return None
+        if container.container_name not in pod.containers:
+            return None
+        return pod
+
+    def _collect_containers(self, families: _Families) -> None:
+        now = int(self._clock())
+        for container in list(self._monitor.containers().values()):
+            checkpoint = families.checkpoint()
+            try:
+                self._collect_container(families, container, now)
+            except Exception as exc:
+                families.rollback(checkpoint)
+                self._failed(
+                    "container",
+                    ("container", container.pod_uid, container.container_name),
+                    "container %s of pod %s: left out of /metrics: %s: %s",
+                    container.container_name,
+                    container.pod_uid,
+                    type(exc).__name__,
+                    exc,
+                )
+
+    def _collect_container(self, families: _Families, container: ContainerView, now: int) -> None:
+        snapshot = container.snapshot
+        if snapshot is None:
+            return
+        pod = self._pod_for(container)
+        if pod is None:
+            return
+        name = container.container_name
+        owner = (pod.namespace, pod.name, name)
+        families.blocked.add(
+            owner,
+            render_labels(("namespace", "pod", "container"), owner),
+            1 if snapshot.recent_kernel < 0 else 0,
+        )
+        last = _int64(snapshot.last_kernel_time)
+        elapsed = max(now - last, 0) if last > 0 else None
+        for device in snapshot.devices:
+            uuid = device.uuid.label
+            if uuid is None:
+                continue
+            families.add_device((*owner, str(device.index), uuid), device, elapsed)
+
+    def _allocations(self, pod: PodInfo) -> tuple[MigAllocation, ...] | None:
+        raw = pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, "")
+        with self._mig_lock:
+            cached = self._mig_cache.get(pod.uid)
+            if cached is not None and cached[0] == raw:
+                return cached[1]
+        try:
+            decoded: tuple[MigAllocation, ...] | None = decode_mig_allocations(raw)
+        except Exception as exc:  # MigAnnotationError, or a decoder bug: this pod only
+            decoded = None
+            self._failed(
+                "mig",
+                ("mig", pod.uid),
+                "pod %s/%s: ignoring annotation %s (%d characters): %s",
+                pod.namespace,
+                pod.name,
+                MIG_ALLOCATIONS_ANNOTATION,
+                len(raw),
+                exc if isinstance(exc, MigAnnotationError) else f"{type(exc).__name__}: {exc}",
+            )
+        with self._mig_lock:
+            self._mig_cache[pod.uid] = (raw, decoded)
+        return decoded
+
+    def _collect_mig(self, families: _Families) -> None:
+        if self._all_pods is None:
+            return
+        try:
+            pods = self._all_pods()
+            with self._mig_lock:
+                for uid in [uid for uid in self._mig_cache if uid not in pods]:
+                    del self._mig_cache[uid]
+        except Exception as exc:
+            self._failed(
+                "pods",
+                "pods",
+                "MIG rows left out: cannot list pods: %s: %s",
+                type(exc).__name__,
+                exc,
+            )
+            return
+        for pod in list(pods.values()):
+            mig_rows, legacy_rows = len(families.mig), len(families.legacy_mig)
+            try:
+                self._collect_pod_mig(families, pod)
+            except Exception as exc:
+                families.mig.truncate(mig_rows)
+                families.legacy_mig.truncate(legacy_rows)
+                self._failed(
+                    "mig",
+                    ("mig", pod.uid),
+                    "pod %s/%s: MIG rows left out of /metrics: %s: %s",
+                    pod.namespace,
+                    pod.name,
+                    type(exc).__name__,
+                    exc,
+                )
+
+    def _collect_pod_mig(self, families: _Families, pod: PodInfo) -> None:
+        if self._kubernetes and pod.labels.get(NODE_LABEL) != self._node:
+            return
+        allocations = self._allocations(pod)
+        for allocation in allocations or ():
+            if not allocation.realised:
+                continue
+            name = mig_container_name(
+                pod.init_containers, pod.containers, allocation.container_index
+            )
+            if name is None:
+                self._warnings.log(
+                    _log,
+                    logging.WARNING,
+                    ("mig-index", pod.uid),
+                    "pod %s/%s: MIG allocation container index %d is out of range",
+                    pod.namespace,
+                    pod.name,
+                    allocation.container_index,
+                )
+                continue
+            ids = (pod.namespace, pod.name, name, str(allocation.device_index))
+            values = (
+                *ids,
+                allocation.gpu_uuid,
+                allocation.mig_uuid,
+                allocation.profile,
+                str(allocation.gpu_instance_id),
+                str(allocation.compute_instance_id),
+                ZONE,
+            )
+            families.mig.add(values, render_labels(families.mig.labelnames, values), 1)
+            if families.legacy:
+                old = (*ids, allocation.gpu_uuid, str(allocation.gpu_instance_id), ZONE)
+                families.legacy_mig.add(old, render_labels(families.legacy_mig.labelnames, old), 1)
+
+    def _collect_host(self) -> list[Metric]:
+        if self._host is None:
+            return []
+        # Release NVML while the MIG lock holds the monitor (the daemon also pauses the
+        # sampler promptly when the lock appears; this covers scrapes in between).
+        try:
+            if self._monitor.paused:
+                self._host.pause()
+                return []
+            if self._host.paused:
+                self._host.resume()
+            return host_gpu_families(
+                self._host.sample(), self._node, legacy=self._legacy, const_labels=[("zone", ZONE)]
+            )
+        except Exception as exc:
+            self._failed(
+                "host", "host", "host GPU metrics left out: %s: %s", type(exc).__name__, exc
+            )
+            return []
+
+
+class BuildInfoCollector(Collector):
+    """``hami_build_info{version, python_version, trio_version} 1`` (upstream's build info)."""
+
+    def __init__(self) -> None:
+        self._labels = (__version__, platform.python_version(), trio.__version__)
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the single constant sample."""
+        family = GaugeMetricFamily(
+            "hami_build_info",
+            "hami build metadata exposed as labels with a constant value of 1.",
+            labels=("version", "python_version", "trio_version"),
+        )
+        family.add_metric(self._labels, 1)
+        yield family
+
+    def describe(self) -> Iterable[Metric]:
+        """Same as :meth:`collect` (the labels are constant)."""
+        return self.collect()

@@ -1,0 +1,773 @@
+"""The agent's HTTP endpoint: ``/metrics``, ``/healthz`` and ``/readyz``.
+
+How this works.  A small ASGI application (:func:`make_app`) answers the three paths; a small
+HTTP/1.1 server of our own (:func:`serve_http`, trio and h11) serves it in the agent's
+nursery.  The port is reachable from every pod on the node, so the server treats each
+connection as hostile and bounds what one can cost:
+
+- HTTP/1.1 (and 1.0) only: an ``Upgrade: h2c`` header is ignored (the answer is a plain
+  HTTP/1.1 response) and an HTTP/2 preface (``PRI * HTTP/2.0``) gets 505 and a close.
+- At most ``max_connections`` connections at once (:class:`HttpLimits`); a connection
+  accepted at the cap closes the one whose current request (or accept) is oldest, so a flood
+  of stalled clients cannot lock a scraper out for longer than it keeps flooding, and the
+  server never holds more than the cap.  The listen backlog is bounded too.
+- One deadline per request, from its first byte (from the accept for a connection's first
+  request) to the last byte of the answer: a client that stops reading is closed when it
+  passes, and the rendered body is freed with it.  The request head (request line and
+  headers, at most ``max_request_head`` bytes) has its own shorter deadline (slowloris); an
+  idle keep-alive connection closes after ``keep_alive_timeout``.  A request with a body is
+  answered and the connection closed without reading the body.
+- Every connection ends with one outcome, counted in ``hami_trio_http_connections_total``
+  (:class:`HttpCollector`); refusals are logged at most once a minute per outcome.
+
+- ``/metrics`` renders the injected Prometheus registry in the format the ``Accept`` header
+  asks for (Prometheus text 0.0.4 by default, OpenMetrics for Prometheus servers that prefer
+  it; prometheus-client's ``choose_encoder`` decides), gzip-compressed when accepted, and
+  ``name[]`` restricts the output like prometheus-client's own handlers.  Rendering walks every
+  collector - at a few thousand containers that is tens of milliseconds of CPU - so it runs in
+  a worker thread (at most ``max_concurrent_scrapes`` at once) and the trio loop keeps serving
+  the broker meanwhile.  prometheus-client's own ASGI app would render on the event loop,
+  which is why we do not mount it directly.
+- ``/healthz`` answers 200 while the event loop runs (liveness).
+- ``/readyz`` runs the injected readiness checks (name -> callable returning bool; for
+  instance broker listening, pod source synced, monitor ticking) and answers 200 when all
+  pass, else 503; the body lists each check like Kubernetes' own ``/readyz?verbose``.
+
+Binding follows Go's ``net.Listen`` for the ``--metrics-bind-address`` value: ``:9394`` listens
+on every interface (IPv6 dual-stack, or IPv4 only where the host has no IPv6), ``host:port`` on
+one address, port 0 on a free port.  We create and bind the socket ourselves so that a busy
+port fails start-up with a clear :class:`~hami_trio.errors.HttpServerError` before
+``task_status.started()``, and the started value reports the port actually bound.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import logging
+import socket
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal, Protocol, cast, get_args
+from urllib.parse import parse_qs, unquote
+
+import h11
+import trio
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.registry import Collector
+
+from hami_trio.errors import ConfigError, HttpServerError
+from hami_trio.goparse import BindAddress
+from hami_trio.logs import RateLimiter
+
+__all__ = [
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_REQUEST_TIMEOUT",
+    "ASGIApp",
+    "HttpCollector",
+    "HttpLimits",
+    "HttpStats",
+    "ReadinessCheck",
+    "SelfRendering",
+    "make_app",
+    "open_listen_socket",
+    "progress_check",
+    "render_metrics",
+    "serve_http",
+]
+
+_log = logging.getLogger("hami_trio.monitor.http")  # the name in the logs (kept across moves)
+
+#: A readiness check: returns True when its component is ready.  Must not block.
+ReadinessCheck = Callable[[], bool]
+
+_Scope = Mapping[str, Any]
+_Receive = Callable[[], Awaitable[Mapping[str, Any]]]
+_Send = Callable[[Mapping[str, Any]], Awaitable[None]]
+#: An ASGI 3 application.
+ASGIApp = Callable[[_Scope, _Receive, _Send], Awaitable[None]]
+
+_TEXT: Final = b"text/plain; charset=utf-8"
+_EOF: Final = "# EOF\n"
+
+#: Connections served at once; one more closes the oldest (see :class:`HttpLimits`).
+DEFAULT_MAX_CONNECTIONS: Final = 64
+#: Seconds from a request's first byte to the last byte of its answer.  Prometheus' own
+#: scrape timeout is at most its scrape interval and 10 s by default.
+DEFAULT_REQUEST_TIMEOUT: Final = 10.0
+_RECEIVE_SIZE: Final = 16384
+_SMALL_BODY: Final = 65536
+_LOG_INTERVAL: Final = 60.0
+_ACCEPT_BACKOFF: Final = 0.1  # after EMFILE and the like: let connections finish first
+
+#: How a connection ended (the ``outcome`` label of ``hami_trio_http_connections_total``).
+Outcome = Literal[
+    "closed",  # the client closed, asked to close, or its keep-alive idle time passed
+    "evicted",  # closed at the connection cap to make room for a new connection
+    "header_timeout",  # the request head was not complete within its deadline
+    "response_timeout",  # the request was not answered (the client did not read) in time
+    "bad_request",  # malformed or oversized head, HTTP/2 preface, unsupported version
+    "accept_failed",  # accept() itself failed (descriptor or memory exhaustion)
+]
+OUTCOMES: Final[tuple[Outcome, ...]] = get_args(Outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """What one client may cost the HTTP server.
+
+    Attributes:
+        max_connections: connections served at once.  A connection accepted at the cap
+            closes the one whose current request (or accept, or last answer) is oldest.
+        request_timeout: seconds from a request's first byte (a connection's first request:
+            from the accept) to the last byte of its answer; a client still sending its
+            request or not reading the answer by then is closed.
+        header_timeout: seconds for the request head (line and headers) to arrive, counted
+            like ``request_timeout``; the smaller of the two applies.
+        keep_alive_timeout: seconds an idle keep-alive connection waits for its next request.
+        max_request_head: bytes the request line and headers may take (431 beyond).
+        backlog: the ``listen()`` backlog (the kernel caps it at ``net.core.somaxconn``).
+        send_buffer: ``SO_SNDBUF`` of each accepted connection, which bounds the kernel
+            memory a client that does not read can hold.
+    """
+
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    header_timeout: float = 5.0
+    keep_alive_timeout: float = 5.0
+    max_request_head: int = 16384
+    backlog: int = 64
+    send_buffer: int = 65536
+
+    def __post_init__(self) -> None:
+        for name in ("max_connections", "max_request_head", "backlog", "send_buffer"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("request_timeout", "header_timeout", "keep_alive_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+class HttpStats:
+    """The HTTP server's counters (read by :class:`HttpCollector`, and by tests).
+
+    Attributes:
+        counts: connections ended, by outcome.
+        open: connections open now.
+        held_bytes: bytes of rendered answers not yet sent (freed when sent or closed).
+    """
+
+    def __init__(self) -> None:
+        self.counts: dict[Outcome, int] = dict.fromkeys(OUTCOMES, 0)
+        self.open = 0
+        self.held_bytes = 0
+
+
+class HttpCollector(Collector):
+    """``hami_trio_http_*``: the metrics port's connections, by outcome."""
+
+    def __init__(self, stats: HttpStats) -> None:
+        self._stats = stats
+
+    def describe(self) -> list[Metric]:
+        """The families' names, so that ``name[]`` can select them."""
+        return list(self.collect())
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats
+        total = CounterMetricFamily(
+            "hami_trio_http_connections",
+            "Metrics-port connections ended, by outcome",
+            labels=["outcome"],
+        )
+        for outcome in OUTCOMES:
+            total.add_metric([outcome], stats.counts[outcome])
+        yield total
+        yield GaugeMetricFamily(
+            "hami_trio_http_connections_open", "Metrics-port connections open now", stats.open
+        )
+        yield GaugeMetricFamily(
+            "hami_trio_http_response_bytes_held",
+            "Bytes of rendered metrics-port answers not yet sent",
+            stats.held_bytes,
+        )
+
+
+class SelfRendering(Protocol):
+    """A metric family that writes its own exposition text (``exposition.FastGauge``).
+
+    The text must be valid in both the Prometheus text format and OpenMetrics (true for
+    gauges: ``# HELP``, ``# TYPE`` and ``name{labels} value`` lines).
+    """
+
+    def exposition(self) -> str:
+        """The family's lines, each ending in a newline."""
+        ...
+
+
+class _OneFamily:
+    """A collector of one family, to render it with prometheus-client's encoders."""
+
+    def __init__(self, family: Metric) -> None:
+        self._family = family
+
+    def collect(self) -> list[Metric]:
+        return [self._family]
+
+
+def render_metrics(registry: CollectorRegistry, accept: str, names: list[str]) -> tuple[bytes, str]:
+    """The registry's exposition in the format ``accept`` asks for.
+
+    prometheus-client's ``choose_encoder`` picks the format.  Families that render
+    themselves (:class:`SelfRendering`) are written directly; every other family goes through
+    prometheus-client's encoder, so the output is what ``generate_latest`` would give, only
+    faster.  With ``names`` (``name[]``) the registry is restricted and rendered the plain way.
+
+    Returns:
+        The body and its content type.
+    """
+    encoder, content_type = choose_encoder(accept)
+    if names:
+        return encoder(registry.restricted_registry(names)), content_type
+    openmetrics = content_type.startswith("application/openmetrics-text")
+    parts: list[str] = []
+    for family in registry.collect():
+        exposition = getattr(family, "exposition", None)
+        if exposition is not None:
+            parts.append(cast(SelfRendering, family).exposition())
+            continue
+        text = encoder(cast(Collector, _OneFamily(family))).decode("utf-8")
+        if openmetrics and text.endswith(_EOF):
+            text = text[: -len(_EOF)]
+        parts.append(text)
+    if openmetrics:
+        parts.append(_EOF)
+    return "".join(parts).encode("utf-8"), content_type
+
+
+def _render(
+    registry: CollectorRegistry, accept: str, encoding: str, names: list[str]
+) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """Render the registry (runs in a worker thread)."""
+    body, content_type = render_metrics(registry, accept, names)
+    headers = [(b"content-type", content_type.encode())]
+    if gzip_accepted(encoding):
+        body = gzip.compress(body, compresslevel=1)  # fast: scrapes are frequent and local
+        headers.append((b"content-encoding", b"gzip"))
+    return body, headers
+
+
+def progress_check(
+    progress: Callable[[], int],
+    *,
+    max_stall: float,
+    idle: Callable[[], bool] = lambda: False,
+    clock: Callable[[], float] = time.monotonic,
+) -> ReadinessCheck:
+    """A readiness check that fails when a counter stops moving (e.g. the monitor's ticks).
+
+    The check passes while ``idle()`` is true (the monitor paused by the MIG lock), and
+    otherwise once ``progress()`` is above 0 and changed within the last ``max_stall``
+    seconds as seen by successive calls (a probe every few seconds is enough).
+
+    Args:
+        progress: a monotonically increasing counter.
+        max_stall: seconds without progress after which the check fails.
+        idle: when true, no progress is expected.
+        clock: monotonic clock (tests inject one).
+    """
+    last_value = progress()
+    last_change = clock()
+
+    def check() -> bool:
+        nonlocal last_value, last_change
+        now = clock()
+        value = progress()
+        if value != last_value:
+            last_value, last_change = value, now
+        if idle():
+            last_change = now  # a pause is not a stall; start counting again after it
+            return True
+        return value > 0 and now - last_change <= max_stall
+
+    return check
+
+
+def make_app(
+    registry: CollectorRegistry,
+    checks: Mapping[str, ReadinessCheck] | None = None,
+    *,
+    max_concurrent_scrapes: int = 2,
+) -> ASGIApp:
+    """The ASGI application behind :func:`serve_http`.
+
+    Args:
+        registry: what ``/metrics`` renders.
+        checks: readiness checks by name, evaluated in order on every ``/readyz``.  A check
+            that raises counts as failed (and is logged).  A failing check with a
+            ``reason()`` method has its reason appended to its line; one with a true
+            ``informational`` attribute is listed but does not make ``/readyz`` fail.
+        max_concurrent_scrapes: renders running at once in worker threads; more wait.
+
+    Returns:
+        An ASGI 3 callable (HTTP and lifespan scopes).
+    """
+    checks = dict(checks or {})
+    limiter = trio.CapacityLimiter(max_concurrent_scrapes)
+
+    async def respond(
+        send: _Send,
+        status: int,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]] | None = None,
+        *,
+        head: bool = False,
+    ) -> None:
+        all_headers = [*(headers or [(b"content-type", _TEXT)])]
+        all_headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": all_headers})
+        await send({"type": "http.response.body", "body": b"" if head else body})
+
+    async def metrics(scope: _Scope, send: _Send, head: bool) -> None:
+        request_headers = {
+            key.decode("latin-1").lower(): value.decode("latin-1")
+            for key, value in scope.get("headers", ())
+        }
+        params = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        try:
+            body, headers = await trio.to_thread.run_sync(
+                _render,
+                registry,
+                request_headers.get("accept", ""),
+                request_headers.get("accept-encoding", ""),
+                params.get("name[]", []),
+                limiter=limiter,
+            )
+        except Exception:
+            # A collector bug must cost one scrape, not the endpoint.
+            _log.exception("rendering /metrics failed")
+            await respond(send, 500, b"internal error while collecting metrics\n", head=head)
+            return
+        await respond(send, 200, body, headers, head=head)
+
+    async def readyz(send: _Send, head: bool) -> None:
+        lines = []
+        ready = True
+        for name, check in checks.items():
+            try:
+                passed = bool(check())
+            except Exception:
+                _log.exception("readiness check %s raised", name)
+                passed = False
+            if not getattr(check, "informational", False):
+                ready &= passed
+            line = f"[+]{name} ok" if passed else f"[-]{name} failed"
+            reason = getattr(check, "reason", None)
+            if not passed and callable(reason):
+                try:
+                    line += f": {' '.join(str(reason()).split())}"  # one line, whatever it says
+                except Exception:
+                    _log.exception("readiness check %s: reason() raised", name)
+            lines.append(line)
+        lines.append("readyz check passed" if ready else "readyz check failed")
+        await respond(send, 200 if ready else 503, ("\n".join(lines) + "\n").encode(), head=head)
+
+    async def app(scope: _Scope, receive: _Receive, send: _Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return  # websockets: not served
+        method = scope["method"]
+        head = method == "HEAD"
+        path = scope["path"]
+        if path not in ("/metrics", "/healthz", "/readyz"):
+            await respond(send, 404, b"not found\n", head=head)
+        elif method not in ("GET", "HEAD"):
+            await respond(send, 405, b"method not allowed\n", [(b"allow", b"GET, HEAD")], head=head)
+        elif path == "/metrics":
+            await metrics(scope, send, head)
+        elif path == "/healthz":
+            await respond(send, 200, b"ok\n", head=head)
+        else:
+            await readyz(send, head)
+
+    return app
+
+
+def open_listen_socket(bind: BindAddress) -> socket.socket:
+    """Create and bind (not listen) a TCP socket the way Go's ``net.Listen`` would.
+
+    An empty host binds ``::`` dual-stack, falling back to ``0.0.0.0`` when the host has no
+    IPv6.  Other hosts are resolved and the first address is used.
+
+    Raises:
+        HttpServerError: the host does not resolve, or the address cannot be bound (in use,
+            not local, no permission).
+    """
+    if bind.host == "":
+        candidates: list[tuple[int, tuple[Any, ...]]] = [
+            (socket.AF_INET6, ("::", bind.port)),
+            (socket.AF_INET, ("0.0.0.0", bind.port)),
+        ]
+    else:
+        try:
+            infos = socket.getaddrinfo(
+                bind.host, bind.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )
+        except socket.gaierror as exc:
+            raise HttpServerError(f"cannot resolve listen host {bind.host!r}: {exc}") from exc
+        candidates = [(family, address) for family, _, _, _, address in infos[:1]]
+    last: OSError | None = None
+    for family, address in candidates:
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as exc:  # EAFNOSUPPORT: the kernel has no IPv6
+            last = exc
+            continue
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and bind.host == "":
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(address)
+        except OSError as exc:
+            sock.close()
+            last = exc
+            if exc.errno in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL) and bind.host == "":
+                continue  # IPv6 disabled: try IPv4
+            break
+        return sock
+    raise HttpServerError(f"cannot listen on {bind}: {last}") from last
+
+
+@dataclass(eq=False, slots=True)
+class _Connection:
+    scope: trio.CancelScope
+    peer: str
+    evicted: bool = False
+    rendering: bool = False  # its answer is being made: not the first to close at the cap
+
+
+class _Server:
+    """The accept loop and the connections of one :func:`serve_http`."""
+
+    def __init__(self, app: ASGIApp, limits: HttpLimits, stats: HttpStats, bound: str) -> None:
+        self.app = app
+        self.limits = limits
+        self.stats = stats
+        self.bound = bound
+        # Oldest activity first: a connection moves to the end when accepted and when it
+        # starts a request; the first one is closed when the cap is reached.
+        self.connections: OrderedDict[_Connection, None] = OrderedDict()
+        self.log_limiter = RateLimiter(_LOG_INTERVAL, max_keys=16, clock=trio.current_time)
+
+    def note(self, outcome: Outcome, peer: str) -> None:
+        """Count how a connection ended; log refusals at most once per outcome a minute."""
+        self.stats.counts[outcome] += 1
+        if outcome == "closed":
+            return
+        suppressed = self.log_limiter.check(outcome)
+        if suppressed is None:
+            return
+        _log.warning(
+            "metrics port %s: %s connection from %s (%d in total, %d not logged since the "
+            "last; limits: %d connections, %gs per request, %gs for the request head)",
+            self.bound,
+            outcome,
+            peer,
+            self.stats.counts[outcome],
+            suppressed,
+            self.limits.max_connections,
+            self.limits.request_timeout,
+            min(self.limits.header_timeout, self.limits.request_timeout),
+            extra={"event": "http_refused", "outcome": outcome, "peer": peer},
+        )
+
+    async def accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:  # EMFILE, ENFILE, ENOBUFS, ENOMEM: not fatal, not a spin
+                self.note("accept_failed", f"? ({exc})")
+                await trio.sleep(_ACCEPT_BACKOFF)
+                continue
+            while len(self.connections) >= self.limits.max_connections:
+                self.evict()
+            nursery.start_soon(self.serve_connection, stream)
+
+    def evict(self) -> None:
+        """Close the connection that waits on its client the longest (the oldest if none)."""
+        victim = next((c for c in self.connections if not c.rendering), None)
+        if victim is None:
+            victim = next(iter(self.connections))
+        del self.connections[victim]
+        victim.evicted = True
+        victim.scope.cancel()
+
+    async def serve_connection(self, stream: trio.SocketStream) -> None:
+        try:
+            peer_address = stream.socket.getpeername()
+            peer = f"{peer_address[0]}:{peer_address[1]}"
+        except OSError:
+            peer = "?"
+        connection = _Connection(trio.CancelScope(), peer)
+        self.connections[connection] = None
+        self.stats.open += 1
+        outcome: Outcome = "closed"
+        try:
+            with connection.scope:
+                stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.send_buffer)
+                outcome = await self.exchange(stream, connection)
+            if connection.evicted:
+                outcome = "evicted"
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            outcome = "closed"  # reset by the client
+        except h11.LocalProtocolError:
+            _log.exception("the metrics application's answer is not valid HTTP")
+            outcome = "closed"
+        finally:
+            self.connections.pop(connection, None)
+            self.stats.open -= 1
+            stream.socket.close()  # synchronous: the kernel's buffers go now
+        self.note(outcome, peer)
+
+    async def exchange(self, stream: trio.abc.Stream, connection: _Connection) -> Outcome:
+        """Serve requests on one connection until it ends; how it ended."""
+        limits = self.limits
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_request_head)
+        started = trio.current_time()  # the first request's deadlines run from the accept
+        first = True
+        while True:
+            if not first:
+                if not conn.trailing_data[0]:  # nothing pipelined: wait for the next request
+                    with trio.move_on_after(limits.keep_alive_timeout) as idle:
+                        data = await stream.receive_some(_RECEIVE_SIZE)
+                    if idle.cancelled_caught or not data:
+                        return "closed"  # a keep-alive close, not a refusal
+                    conn.receive_data(bytes(data))
+                started = trio.current_time()
+            first = False
+            if connection in self.connections:  # not if evicted (its cancel is pending)
+                self.connections.move_to_end(connection)
+            head_done = False
+            with trio.move_on_at(started + limits.request_timeout):
+                try:
+                    with trio.fail_at(started + limits.header_timeout):
+                        request = await self._read_head(conn, stream)
+                except trio.TooSlowError:
+                    return "header_timeout"
+                except h11.RemoteProtocolError as exc:
+                    await self._send_error(conn, stream, exc.error_status_hint)
+                    return "bad_request"
+                head_done = True
+                if request is None:
+                    return "closed"
+                if request.http_version not in (b"1.0", b"1.1"):
+                    await self._send_error(conn, stream, 505)
+                    return "bad_request"
+                if not await self._answer(conn, stream, request, connection):
+                    return "closed"
+                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                    return "closed"
+                conn.start_next_cycle()
+                continue
+            return "response_timeout" if head_done else "header_timeout"
+
+    async def _read_head(self, conn: h11.Connection, stream: trio.abc.Stream) -> h11.Request | None:
+        """The next request's head, or None when the client closed first.
+
+        Raises:
+            h11.RemoteProtocolError: malformed, or longer than ``max_request_head`` (431).
+        """
+        received = len(conn.trailing_data[0])
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                data = bytes(await stream.receive_some(_RECEIVE_SIZE))
+                received += len(data)
+                conn.receive_data(data)
+            elif isinstance(event, h11.Request):
+                # h11 bounds an incomplete head only; a complete one that came in one read
+                # is measured here.
+                if received - len(conn.trailing_data[0]) > self.limits.max_request_head:
+                    raise h11.RemoteProtocolError("request head too large", 431)
+                return event
+            else:  # ConnectionClosed (h11 raises on anything else before a request)
+                return None
+
+    async def _send_error(self, conn: h11.Connection, stream: trio.abc.Stream, status: int) -> None:
+        if conn.our_state is not h11.SEND_RESPONSE:
+            return
+        body = f"{status} {_REASONS.get(status, 'bad request')}\n".encode()
+        headers = [
+            (b"content-type", _TEXT),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        await stream.send_all(
+            conn.send(h11.Response(status_code=status, headers=headers))
+            + conn.send(h11.Data(data=body))
+            + conn.send(h11.EndOfMessage())
+        )
+
+    async def _answer(
+        self,
+        conn: h11.Connection,
+        stream: trio.abc.Stream,
+        request: h11.Request,
+        connection: _Connection,
+    ) -> bool:
+        """Run the application for ``request`` and send its answer; False: close now."""
+        has_body = any(
+            (name == b"content-length" and value.strip() != b"0") or name == b"transfer-encoding"
+            for name, value in request.headers
+        )
+        if not has_body:
+            end = conn.next_event()  # a bodiless request's end comes with its head
+            if not isinstance(end, h11.EndOfMessage):
+                return False
+        connection.rendering = True
+        try:
+            status, headers, body = await self._call_app(stream, request)
+        finally:
+            connection.rendering = False
+        if has_body:  # the body is never read: answer, then close
+            headers.append((b"connection", b"close"))
+        self.stats.held_bytes += len(body)
+        try:
+            head = conn.send(h11.Response(status_code=status, headers=headers))
+            if len(body) <= _SMALL_BODY:  # one segment for the small answers
+                await stream.send_all(head + conn.send(h11.Data(data=body)))
+            else:  # passthrough: a large body goes out without a copy
+                await stream.send_all(head)
+                for chunk in conn.send_with_data_passthrough(h11.Data(data=body)) or ():
+                    await stream.send_all(chunk)
+            await stream.send_all(conn.send(h11.EndOfMessage()))
+        finally:
+            self.stats.held_bytes -= len(body)
+        return not has_body
+
+    async def _call_app(
+        self, stream: trio.abc.Stream, request: h11.Request
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """The ASGI application's answer to ``request``: status, headers, body."""
+        target = request.target.decode("latin-1")
+        if "://" in target:  # absolute form: keep the path and the query
+            target = "/" + target.split("://", 1)[1].partition("/")[2]
+        raw_path, _, query = target.partition("?")
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": request.http_version.decode("ascii"),
+            "method": request.method.decode("latin-1").upper(),
+            "scheme": "http",
+            "path": unquote(raw_path),
+            "raw_path": raw_path.encode("latin-1"),
+            "query_string": query.encode("latin-1"),
+            "root_path": "",
+            "headers": list(request.headers),
+            "client": None,
+            "server": None,
+        }
+        status = 500
+        headers: list[tuple[bytes, bytes]] = []
+        parts: list[bytes] = []
+        sent = False
+
+        async def receive() -> Mapping[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Mapping[str, Any]) -> None:
+            nonlocal status, headers, sent
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", ())]
+                sent = True
+            elif message["type"] == "http.response.body":
+                parts.append(bytes(message.get("body", b"")))
+
+        try:
+            await self.app(scope, receive, send)
+        except Exception:
+            _log.exception("the metrics application failed on %s", raw_path)
+            sent = False
+        if not sent:
+            body = b"internal error\n"
+            return 500, [(b"content-type", _TEXT), (b"content-length", b"15")], body
+        return status, headers, b"".join(parts)
+
+
+_REASONS: Final = {
+    400: "bad request",
+    408: "request timeout",
+    431: "request header fields too large",
+    505: "http version not supported",
+}
+
+
+async def serve_http(
+    bind: BindAddress,
+    registry: CollectorRegistry,
+    checks: Mapping[str, ReadinessCheck] | None = None,
+    *,
+    max_concurrent_scrapes: int = 2,
+    limits: HttpLimits | None = None,
+    stats: HttpStats | None = None,
+    task_status: trio.TaskStatus[BindAddress] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``bind`` until cancelled.
+
+    The server's own counters (:class:`HttpCollector`) are registered in ``registry`` while
+    it runs.
+
+    Args:
+        bind: the listen address (``parse_bind_address("--metrics-bind-address value")``).
+        registry: the registry ``/metrics`` renders.
+        checks: readiness checks for ``/readyz`` (see :func:`make_app`).
+        max_concurrent_scrapes: concurrent ``/metrics`` renders.
+        limits: what one client may cost (default :class:`HttpLimits`).
+        stats: where the counters go (tests read them); a new one by default.
+        task_status: ``started()`` receives the bound address (the real port when ``bind``
+            asked for port 0) once the socket listens.
+
+    Raises:
+        HttpServerError: the address cannot be bound (raised before ``started()``).
+    """
+    limits = limits or HttpLimits()
+    stats = stats or HttpStats()
+    sock = open_listen_socket(bind)
+    try:
+        host, port = sock.getsockname()[:2]
+        bound = BindAddress(host=bind.host if bind.host == "" else host, port=port)
+        sock.listen(limits.backlog)
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        app = make_app(registry, checks, max_concurrent_scrapes=max_concurrent_scrapes)
+        server = _Server(app, limits, stats, str(bound))
+        collector = HttpCollector(stats)
+        registry.register(collector)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(server.accept_loop, listener, nursery)
+                _log.info(
+                    "serving /metrics, /healthz and /readyz on %s (HTTP/1.1, at most %d "
+                    "connections, %gs per request)",
+                    bound,
+                    limits.max_connections,
+                    limits.request_timeout,
+                )
+                task_status.started(bound)
+        finally:
+            registry.unregister(collector)
+    finally:
+        sock.close()

@@ -1,0 +1,459 @@
+"""serve_agent and run_agent in this process: start order, readiness, drain, failures.
+
+The agent runs with its real tasks (broker, monitor, metrics endpoint, NVML follower) on
+temporary paths; only NVML is a fake.  The failure after start is a real one: the broker's
+listening socket is shut down underneath it (tests/agent/agent.py explains how), so its next
+``accept`` fails with EINVAL.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.lowlevel
+import trio.testing
+from prometheus_client.parser import text_string_to_metric_families
+
+from hami_trio.agent.config import AgentConfig, resolve_config
+from hami_trio.agent.service import (
+    AgentHandle,
+    _Agent,
+    _public_error,
+    _TaskFailure,
+    run_agent,
+    serve_agent,
+)
+from hami_trio.broker.boundary import default_lock_path
+from hami_trio.broker.protocol import VALID_REQUEST, encode_response
+from hami_trio.cli.main import build_parser
+from hami_trio.errors import (
+    AgentError,
+    BrokerError,
+    BrokerStartupError,
+    HttpServerError,
+    PodSourceError,
+)
+from hami_trio.testing.regions import RegionSpec, write_region
+from tests.agent.agent import break_listener, http_get
+from tests.broker.wire import exchange, present, read_to_eof, send_now
+from tests.metrics.fake_nvml import FakeGpu, FakeNvml
+
+GPU = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
+
+
+def config_for(
+    hook: Path,
+    mig_lock: Path,
+    *flags: str,
+    socket_path: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> AgentConfig:
+    """What ``hami-trio run <flags>`` would run with (broker on when ``socket_path``)."""
+    argv = [
+        "run",
+        f"--hook-path={hook}",
+        f"--mig-lock-path={mig_lock}",
+        "--metrics-bind-address=127.0.0.1:0",
+        "--interval=0.05",
+        *flags,
+    ]
+    environment = dict(env or {})
+    if socket_path is not None:
+        argv.append(f"--broker-socket-path={socket_path}")
+        environment["LIBVGPU_HOSTPID_BROKER"] = "1"
+    if "NODE_NAME" not in environment:
+        argv.append("--no-kubernetes")
+    return resolve_config(build_parser().parse_args(argv), environment)
+
+
+def add_container(hook: Path, uid: str = "pod-uid-1", name: str = "main", **spec: Any) -> Path:
+    directory = hook / "containers" / f"{uid}_{name}"
+    directory.mkdir(parents=True, exist_ok=True)
+    fields: dict[str, Any] = {"uuids": [GPU], "limits": [8 << 30]} | spec
+    write_region(directory / "abc.cache", RegionSpec(**fields))
+    return directory
+
+
+async def scrape(handle: AgentHandle, path: str = "/metrics") -> tuple[int, str]:
+    return await trio.to_thread.run_sync(http_get, handle.metrics_address.port, path)
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def flock_free(path: Path) -> bool:
+    with open(path, "rb") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+
+def refused(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+@pytest.fixture
+def nvml() -> FakeNvml:
+    return FakeNvml(gpus=[FakeGpu(uuid=GPU)])
+
+
+# -- start, serve, drain ----------------------------------------------------------------------
+
+
+async def test_everything_starts_serves_and_drains(
+    hook: Path, mig_lock: Path, socket_path: Path, nvml: FakeNvml
+) -> None:
+    add_container(hook)
+    config = config_for(hook, mig_lock, socket_path=socket_path)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            handle: AgentHandle = await nursery.start(partial(serve_agent, config, nvml=nvml))
+            assert handle.readiness() == {"broker": True, "monitor": True, "mig-lock-dir": True}
+            assert handle.broker is not None
+            assert handle.broker.socket_path == socket_path
+            assert handle.monitor.ticks >= 1  # ready only after the first tick
+            assert mig_lock.parent.is_dir()
+            assert await exchange(socket_path) == encode_response(os.getpid())
+
+            status, text = await scrape(handle)
+            assert status == 200
+            found = samples(text)
+            assert found[("hami_trio_broker_exchanges_total", frozenset({("outcome", "ok")}))] == 1
+            assert ("hami_vgpu_memory_limit_bytes", frozenset({
+                ("namespace", ""), ("pod", "pod-uid-1"), ("container", "main"),
+                ("vdevice_index", "0"), ("device_uuid", GPU), ("zone", "vGPU"),
+            })) in found  # fmt: skip
+            host = [name for name, _ in found if name == "hami_host_gpu_utilization_ratio"]
+            assert host == ["hami_host_gpu_utilization_ratio"]
+            assert await scrape(handle, "/readyz") == (
+                200,
+                "[+]broker ok\n[+]monitor ok\n[+]mig-lock-dir ok\nreadyz check passed\n",
+            )
+
+            # Somebody removes the socket file: clients would find nothing, so not ready.
+            os.rename(socket_path, socket_path.with_name("moved.sock"))
+            assert handle.readiness()["broker"] is False
+            assert (await scrape(handle, "/readyz"))[0] == 503
+            os.rename(socket_path.with_name("moved.sock"), socket_path)
+            assert handle.readiness()["broker"] is True
+
+            port = handle.metrics_address.port
+            handle.request_stop()
+            assert handle.stopping
+    assert not present(socket_path)
+    assert flock_free(default_lock_path(socket_path))
+    assert refused(port)
+    assert not nvml.initialized  # NVML was closed on the way out
+
+
+async def test_drain_lets_an_in_flight_exchange_finish(
+    hook: Path,
+    mig_lock: Path,
+    socket_path: Path,
+    nvml: FakeNvml,
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    config = config_for(
+        hook, mig_lock, "--broker-exchange-deadline=4", "--interval=1", socket_path=socket_path
+    )
+    async with trio.open_nursery() as nursery:
+        handle: AgentHandle = await nursery.start(partial(serve_agent, config, nvml=nvml))
+        slow = send_now(socket_path, VALID_REQUEST[:3])
+        await trio.testing.wait_all_tasks_blocked()
+        sent = trio.current_time()
+        handle.request_stop()
+        await trio.testing.wait_all_tasks_blocked()
+        assert not present(socket_path)  # stopped accepting at once
+    # The exchange ran to its own deadline (counted), and the agent waited for it.
+    assert trio.current_time() - sent >= 4
+    assert handle.broker is not None
+    assert handle.broker.stats.counts["timeout"] == 1
+    with slow:
+        assert await read_to_eof(slow) == b""
+
+
+async def test_drain_is_cut_at_the_shutdown_timeout(
+    hook: Path,
+    mig_lock: Path,
+    socket_path: Path,
+    nvml: FakeNvml,
+    autojump_clock: trio.testing.MockClock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = config_for(
+        hook,
+        mig_lock,
+        "--broker-exchange-deadline=30",
+        "--shutdown-timeout=1",
+        "--interval=1",
+        socket_path=socket_path,
+    )
+    async with trio.open_nursery() as nursery:
+        handle: AgentHandle = await nursery.start(partial(serve_agent, config, nvml=nvml))
+        slow = send_now(socket_path, VALID_REQUEST[:3])
+        await trio.testing.wait_all_tasks_blocked()
+        stopped = trio.current_time()
+        handle.request_stop()
+    assert 1 <= trio.current_time() - stopped < 2
+    assert handle.broker is not None
+    assert handle.broker.stats.counts["timeout"] == 0  # cancelled, not timed out
+    assert "graceful stop took longer than 1s; cancelling what is left" in caplog.text
+    with slow:
+        assert await read_to_eof(slow) == b""
+
+
+# -- failures ---------------------------------------------------------------------------------
+
+
+async def test_broker_failure_after_start_stops_the_agent(
+    hook: Path, mig_lock: Path, socket_path: Path, nvml: FakeNvml
+) -> None:
+    config = config_for(hook, mig_lock, socket_path=socket_path)
+    errors: list[AgentError] = []
+
+    async def agent(*, task_status: trio.TaskStatus[AgentHandle]) -> None:
+        try:
+            await serve_agent(config, nvml=nvml, task_status=task_status)
+        except AgentError as exc:  # raised as itself, not inside a group
+            errors.append(exc)
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            handle: AgentHandle = await nursery.start(agent)
+            port = handle.metrics_address.port
+            assert (await scrape(handle))[0] == 200  # opens NVML
+            assert nvml.initialized
+            break_listener(os.getpid(), socket_path)
+    (error,) = errors
+    assert (error.task, error.started) == ("broker", True)
+    assert str(error) == f"broker failed: {socket_path}: accept failed: Invalid argument"
+    assert isinstance(error.__cause__, BrokerError)
+    # Everything else was cancelled and cleaned up.
+    assert not present(socket_path)
+    assert flock_free(default_lock_path(socket_path))
+    assert refused(port)
+    assert not nvml.initialized
+
+
+async def test_broker_refusal_fails_start_up_before_anything_else_runs(
+    hook: Path, mig_lock: Path, socket_path: Path, nvml: FakeNvml
+) -> None:
+    socket_path.parent.mkdir(mode=0o711)
+    socket_path.write_bytes(b"data")  # noqa: ASYNC240 - before the agent runs
+    config = config_for(hook, mig_lock, socket_path=socket_path)
+    with pytest.raises(BrokerStartupError) as info:  # the error itself, not a group
+        await serve_agent(config, nvml=nvml)
+    assert str(info.value) == (
+        f"{socket_path}: path is a regular file, not a socket; refusing to replace it"
+    )
+    assert socket_path.read_bytes() == b"data"  # noqa: ASYNC240 - after it stopped
+    assert not mig_lock.parent.exists()  # the monitor never started
+    assert nvml.init_calls == 0
+
+
+async def test_busy_metrics_port_stops_the_tasks_already_started(
+    hook: Path, mig_lock: Path, socket_path: Path, nvml: FakeNvml
+) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        config = config_for(
+            hook, mig_lock, f"--metrics-bind-address=127.0.0.1:{port}", socket_path=socket_path
+        )
+        with pytest.raises(HttpServerError, match=f"cannot listen on 127.0.0.1:{port}"):
+            await serve_agent(config, nvml=nvml)
+    assert mig_lock.parent.is_dir()  # the monitor had started ...
+    assert not present(socket_path)  # ... and the broker: its socket is gone again
+    assert flock_free(default_lock_path(socket_path))
+
+
+async def test_unusable_kubeconfig_fails_start_up(
+    hook: Path, mig_lock: Path, socket_path: Path, nvml: FakeNvml
+) -> None:
+    config = config_for(
+        hook,
+        mig_lock,
+        f"--kubeconfig={hook / 'missing'}",
+        socket_path=socket_path,
+        env={"NODE_NAME": "node-a"},
+    )
+    with pytest.raises(PodSourceError, match="cannot configure the Kubernetes client"):
+        await serve_agent(config, nvml=nvml)
+    assert not present(socket_path)
+    assert not mig_lock.parent.exists()
+
+
+async def test_a_task_that_returns_on_its_own_is_a_failure(hook: Path, mig_lock: Path) -> None:
+    agent = _Agent(config_for(hook, mig_lock))
+
+    async def quits(*, task_status: trio.TaskStatus[None]) -> None:
+        task_status.started()
+
+    failures: list[_TaskFailure] = []
+
+    async def supervised(*, task_status: trio.TaskStatus[None]) -> None:
+        try:
+            await agent.supervise("pod-watch", quits, task_status=task_status)
+        except _TaskFailure as exc:
+            failures.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervised)
+    (failure,) = failures
+    assert (failure.task, failure.started) == ("pod-watch", True)
+    error = _public_error(failure)
+    assert isinstance(error, AgentError)
+    assert str(error) == "pod-watch stopped although no stop was requested"
+
+    # Once a stop was requested, returning is how a task says it is done.
+    agent.request_stop()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(agent.supervise, "pod-watch", quits)
+
+
+def test_public_error_names_the_task() -> None:
+    before = _TaskFailure("metrics", False, HttpServerError("cannot listen on :1: busy"))
+    assert _public_error(before) is before.error  # already one clear line
+    bug = _TaskFailure("monitor", False, OSError(5, "Input/output error"))
+    assert str(_public_error(bug)) == (
+        "monitor failed to start: OSError: [Errno 5] Input/output error"
+    )
+    after = _TaskFailure("broker", True, BrokerError("/s: accept failed: Invalid argument"))
+    error = _public_error(after)
+    assert isinstance(error, AgentError)
+    assert (error.task, error.started) == ("broker", True)
+    assert str(error) == "broker failed: /s: accept failed: Invalid argument"
+
+
+# -- MIG lock ---------------------------------------------------------------------------------
+
+
+async def test_mig_lock_pauses_monitor_and_releases_nvml(
+    hook: Path, mig_lock: Path, nvml: FakeNvml
+) -> None:
+    config = config_for(hook, mig_lock)
+
+    async def wait_for(predicate: Callable[[], bool]) -> None:
+        with trio.fail_after(10):
+            while not predicate():  # noqa: ASYNC110 - state of several tasks, no single event
+                await trio.sleep(0.01)
+
+    async with trio.open_nursery() as nursery:
+        handle: AgentHandle = await nursery.start(partial(serve_agent, config, nvml=nvml))
+        assert "hami_host_gpu_utilization_ratio" in (await scrape(handle))[1]
+        os.close(os.open(mig_lock, os.O_CREAT | os.O_WRONLY, 0o644))
+        await wait_for(lambda: handle.monitor.paused and not nvml.initialized)
+        _, text = await scrape(handle)
+        assert "hami_trio_monitor_mig_paused 1.0" in text
+        assert "hami_host_gpu_utilization_ratio" not in text  # NVML released
+        assert handle.readiness() == {"monitor": True, "mig-lock-dir": True}  # a pause: no stall
+        os.unlink(mig_lock)
+        ticks = handle.monitor.ticks
+        await wait_for(lambda: not handle.monitor.paused and handle.monitor.ticks > ticks)
+        text = (await scrape(handle))[1]
+        assert "hami_trio_monitor_mig_paused 0.0" in text
+        assert "hami_host_gpu_utilization_ratio" in text
+        handle.request_stop()
+
+
+# -- signals (run_agent) ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def restore_signals() -> Iterator[None]:
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+@pytest.mark.usefixtures("restore_signals")
+async def test_first_signal_drains_second_cancels(
+    hook: Path, mig_lock: Path, socket_path: Path, nvml: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "hami_trio")
+    config = config_for(hook, mig_lock, "--broker-exchange-deadline=30", socket_path=socket_path)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            handle: AgentHandle = await nursery.start(partial(run_agent, config, nvml=nvml))
+            slow = send_now(socket_path, VALID_REQUEST[:3])
+            await trio.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGTERM)
+            with trio.fail_after(5):
+                while present(socket_path):  # noqa: ASYNC110 - a file another task removes
+                    await trio.sleep(0.01)
+            assert handle.stopping
+            start = time.monotonic()
+            os.kill(os.getpid(), signal.SIGINT)  # do not wait for the 30 s deadline
+    assert time.monotonic() - start < 5
+    assert (
+        "SIGTERM, stopping after the current tick and the broker's in-flight exchanges "
+        "(at most 10s; a second signal cancels at once)" in caplog.text
+    )
+    assert "SIGINT again: cancelling what is still running" in caplog.text
+    with slow:
+        assert await read_to_eof(slow) == b""
+
+
+@pytest.mark.usefixtures("restore_signals")
+async def test_a_signal_during_start_up_stops_once_started(
+    hook: Path, mig_lock: Path, socket_path: Path, nvml: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "hami_trio")
+    config = config_for(hook, mig_lock, socket_path=socket_path)
+    default = signal.getsignal(signal.SIGTERM)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(run_agent, config, nvml=nvml))
+            # Until run_agent catches the signal (its very first step): far from ready yet.
+            while signal.getsignal(signal.SIGTERM) is default:
+                await trio.lowlevel.checkpoint()
+            os.kill(os.getpid(), signal.SIGTERM)
+    messages = [record.getMessage() for record in caplog.records]
+    stopping = next(i for i, m in enumerate(messages) if m.startswith("SIGTERM, stopping"))
+    ready = next(i for i, m in enumerate(messages) if m.startswith("agent ready"))
+    stopped = next(i for i, m in enumerate(messages) if m.startswith("agent stopped"))
+    assert stopping < ready < stopped  # the start-up finished, then the usual drain
+    assert not present(socket_path)
+
+
+@pytest.mark.usefixtures("restore_signals")
+async def test_run_agent_raises_the_task_error(
+    hook: Path, mig_lock: Path, socket_path: Path, nvml: FakeNvml
+) -> None:
+    config = config_for(hook, mig_lock, socket_path=socket_path)
+    errors: list[AgentError] = []
+
+    async def agent(*, task_status: trio.TaskStatus[AgentHandle]) -> None:
+        try:
+            await run_agent(config, nvml=nvml, task_status=task_status)
+        except AgentError as exc:
+            errors.append(exc)
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(agent)
+            break_listener(os.getpid(), socket_path)
+    (error,) = errors
+    assert str(error).startswith("broker failed: ")
+    assert not present(socket_path)

@@ -1,0 +1,377 @@
+"""The hostile-tenant soak: the real agent (``hami-trio run``, broker on, pod watch against the
+fake API server) for 60 s while tenants attack it in every way that once took it down.
+
+``HAMI_TRIO_SOAK_SECONDS`` shortens it for a quick local run.  A tenant process, running
+beside the agent the whole time:
+
+- leaves behind gone pods' container directories holding a 3,000-deep chain of directories
+  and 20,000 files, a new one every few seconds (the remover must neither crash nor stall);
+- keeps 32 hostile regions (``proc_num`` 1024, 16 devices) changing on every tick (the tick
+  must keep yielding to the broker);
+- creates ``.cache`` files whose names carry newlines, carriage returns and terminal escapes
+  (no forged log line);
+
+and this test, playing another tenant through the API server, cycles one pod's MIG
+allocation annotation and node label through hostile values (40 KB of nesting, lone
+surrogates, wrong types, thousands of rows).
+
+Checked throughout: every scrape answers 200 with the well-behaved tenants' rows exactly as
+their files say; every broker request is answered with the caller's PID; the agent never
+exits (no restart); every stderr line is one JSON record.  At the end: the gone pods'
+directories are all removed, the hostile pod has no MIG rows, and SIGTERM drains to exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from hami_trio.broker.protocol import encode_response
+from hami_trio.testing.regions import MemoryUse, ProcSlot, RegionSpec, UtilUse, write_region
+from tests.agent.agent import AgentProcess, agent_env, http_get
+from tests.broker.wire import exchange
+from tests.pods.fake_kube import FakeKubeApi
+from tests.pods.test_watch import write_kubeconfig
+from tests.sandbox import world_readable_dir
+
+DURATION = float(os.environ.get("HAMI_TRIO_SOAK_SECONDS", "60"))
+REPO = Path(__file__).resolve().parents[2]
+GPU_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
+GPU_B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
+HOSTILE_REGIONS = 32
+CHAIN_DEPTH = 3000
+FILES = 20_000
+
+TENANT = textwrap.dedent(
+    """
+    import json, os, sys, time, uuid
+    from hami_trio.testing.regions import (
+        MemoryUse, ProcSlot, RegionSpec, UtilUse, build_region, write_region,
+    )
+
+    root, duration = sys.argv[1], float(sys.argv[2])
+    depth, files = int(sys.argv[3]), int(sys.argv[4])
+    hostile, named = json.loads(sys.argv[5]), json.loads(sys.argv[6])
+    names = ["evil\\nlevel=ERROR forged line.cache", "evil\\r\\x1b[2Kx.cache", "a\\u2028b.cache"]
+    for uid, name in zip(named, names):
+        d = os.path.join(root, f"{uid}_main")
+        os.mkdir(d)
+        write_region(os.path.join(d, name), RegionSpec(uuids=["GPU-N"]))
+
+    def gone_pod():
+        d = os.path.join(root, f"{uuid.uuid4()}_gone")
+        os.mkdir(d)
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        for f in range(files):
+            os.close(os.open(f"f{f:06d}-" + "x" * 32, os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))
+        for level in range(depth):  # deeper than PATH_MAX: walk down by descriptors
+            os.mkdir("d", dir_fd=fd)
+            below = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = below
+        os.close(fd)
+        past = time.time() - 3600
+        os.utime(d, (past, past))
+        return os.path.basename(d)
+
+    def hostile_region(seed):
+        return bytes(build_region(RegionSpec(
+            num=16,
+            uuids=[f"GPU-H-{d}" for d in range(16)],
+            procs=[
+                ProcSlot(
+                    pid=p + 1,
+                    status=1,
+                    used=[MemoryUse(total=seed + p)] * 16,
+                    util=[UtilUse(sm_util=(seed + p) % 100)] * 16,
+                )
+                for p in range(1024)
+            ],
+            recent_kernel=seed,
+        )))
+
+    variants = [hostile_region(1), hostile_region(2)]  # alternated: every file changes
+    fds = [os.open(os.path.join(root, f"{uid}_main", "x.cache"), os.O_RDWR | os.O_CREAT, 0o644)
+           for uid in hostile]
+    end = time.monotonic() + duration
+    gone, rounds, last_gone = [], 0, 0.0
+    while time.monotonic() < end:
+        data = variants[rounds % 2]
+        for fd in fds:
+            os.pwrite(fd, data, 0)
+        if time.monotonic() - last_gone > 5:
+            gone.append(gone_pod())
+            last_gone = time.monotonic()
+        rounds += 1
+        time.sleep(0.1)
+    print(rounds)
+    print(" ".join(gone))
+    """
+)
+
+HOSTILE_ANNOTATIONS = [
+    "[" * 20_000 + "]" * 20_000,
+    json.dumps([{"containerIndex": 0, "gpuUUID": "\ud800", "profile": "1g.10gb"}]),
+    json.dumps({"not": "a list"}),
+    json.dumps(
+        [{"containerIndex": i, "gpuUUID": f"GPU-{i}", "profile": "x" * 300} for i in range(5000)]
+    ),
+    "\x00\xff not json",
+]
+
+
+def good_specs() -> dict[str, RegionSpec]:
+    return {
+        "good-a": RegionSpec(
+            uuids=[GPU_A],
+            limits=[8 << 30],
+            procs=[
+                ProcSlot(
+                    pid=1, status=1, used=[MemoryUse(total=3 << 30)], util=[UtilUse(sm_util=40)]
+                )
+            ],
+        ),
+        "good-b": RegionSpec(
+            num=1,
+            uuids=[GPU_B],
+            limits=[4 << 30],
+            procs=[
+                ProcSlot(
+                    pid=2, status=1, used=[MemoryUse(total=1 << 30)], util=[UtilUse(sm_util=10)]
+                )
+            ],
+        ),
+    }
+
+
+def memory_rows(text: str) -> dict[str, float]:
+    rows: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == "hami_vgpu_memory_used_bytes":
+            for sample in family.samples:
+                rows[sample.labels["pod"]] = sample.value
+    return rows
+
+
+def samples(text: str, name: str) -> dict[str, float]:
+    """``pod`` label -> value of family ``name``'s samples (the last one per pod)."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and "pod" in sample.labels:
+                found[sample.labels["pod"]] = sample.value
+    return found
+
+
+def tick_count(text: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "hami_trio_monitor_tick_duration_seconds_count":
+                return sample.value
+    raise AssertionError("no tick counter in the scrape")
+
+
+def mig(uuid: str) -> str:
+    return json.dumps(
+        [
+            {
+                "containerIndex": 0,
+                "deviceIndex": 0,
+                "gpuUUID": uuid,
+                "profile": "1g.10gb",
+                "placement": {"start": 0, "size": 1},
+                "migUUID": "MIG-" + uuid[4:12],
+                "gpuInstanceID": 3,
+                "computeInstanceID": 0,
+            }
+        ]
+    )
+
+
+def remove_tree(path: Path) -> None:
+    # rm(1) walks iteratively: the tenant's 3,000-deep chains defeat a recursive rmtree.
+    subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=False)
+
+
+@pytest.mark.slow
+async def test_hostile_tenant_soak(nursery: trio.Nursery) -> None:
+    with world_readable_dir("ht-soak-") as base:
+        try:
+            await _soak(nursery, base)
+        finally:
+            remove_tree(base / "hook")
+
+
+async def _soak(nursery: trio.Nursery, base: Path) -> None:
+    hook = base / "hook"
+    root = hook / "containers"
+    root.mkdir(parents=True)
+    fake = FakeKubeApi()
+    await nursery.start(fake.serve)
+    node = {"hami.io/vgpu-node": "node-a"}
+
+    good: dict[str, str] = {}
+    for name, spec in good_specs().items():
+        uid = fake.add_pod(
+            name,
+            namespace="team-good",
+            labels=node,
+            annotations={"hami.io/vgpu-mig-allocations": mig(spec.uuids[0])},
+        )
+        good[name] = uid
+        (root / f"{uid}_main").mkdir()
+        write_region(root / f"{uid}_main" / "x.cache", spec)
+    evil = fake.add_pod(
+        "evil-annot",
+        namespace="team-evil",
+        labels=node,
+        annotations={"hami.io/vgpu-mig-allocations": mig(GPU_A)},
+    )
+    (root / f"{evil}_main").mkdir()
+    write_region(root / f"{evil}_main" / "x.cache", RegionSpec(uuids=[GPU_A]))
+    hostile_uids = [
+        fake.add_pod(f"evil-region-{h}", namespace="team-evil", labels=node)
+        for h in range(HOSTILE_REGIONS)
+    ]
+    names_uids = [
+        fake.add_pod(f"evil-name-{i}", namespace="team-evil", labels=node) for i in range(3)
+    ]
+    for uid in hostile_uids:
+        (root / f"{uid}_main").mkdir()
+
+    socket_path = base / "hostpid" / "broker.sock"
+    args = [
+        f"--hook-path={hook}",
+        f"--mig-lock-path={base / 'mig' / 'lock'}",
+        f"--broker-socket-path={socket_path}",
+        f"--broker-lock-path={base / 'hostpid-lock' / 'broker.lock'}",
+        f"--lock-parent-path={base / 'vgpulock'}",
+        "--metrics-bind-address=127.0.0.1:0",
+        "--interval=0.5",
+        "--resync-interval=1s",
+    ]
+    env = agent_env(
+        {
+            "NODE_NAME": "node-a",
+            "KUBECONFIG": write_kubeconfig(base / "kc", f"http://127.0.0.1:{fake.port}"),
+            "LIBVGPU_HOSTPID_BROKER": "1",
+        }
+    )
+    with AgentProcess(args, env) as agent:
+        port = await trio.to_thread.run_sync(agent.wait_ready)
+
+        async def scrape() -> str:
+            status, text = await trio.to_thread.run_sync(http_get, port)
+            assert status == 200, text[:2000]
+            return text
+
+        # The baseline: every well-behaved row, exactly as the files say.
+        with trio.fail_after(30):
+            while True:
+                text = await scrape()
+                if set(good) <= set(samples(text, "hami_vgpu_memory_used_bytes")):
+                    break
+                await trio.sleep(0.1)
+        want_memory = {
+            name: float(spec.procs[0].used[0].total) for name, spec in good_specs().items()
+        }
+        assert {
+            p: v for p, v in samples(text, "hami_vgpu_memory_used_bytes").items() if p in good
+        } == want_memory
+        want_mig = dict.fromkeys(good, 1.0)
+
+        tenant = await trio.lowlevel.open_process(
+            [
+                sys.executable,
+                "-c",
+                TENANT,
+                str(root),
+                str(DURATION),
+                str(CHAIN_DEPTH),
+                str(FILES),
+                json.dumps(hostile_uids),
+                json.dumps(names_uids),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+        )
+        scrapes = exchanges = 0
+        ticks_before = tick_count(text)
+        try:
+            end = time.monotonic() + DURATION
+            round_ = 0
+            while time.monotonic() < end:
+                assert agent.proc.poll() is None, agent.output()[-5000:]
+                value = HOSTILE_ANNOTATIONS[round_ % len(HOSTILE_ANNOTATIONS)]
+                fake.modify_pod(
+                    evil,
+                    annotations={"hami.io/vgpu-mig-allocations": value},
+                    labels={"hami.io/vgpu-node": "\ud800" * (round_ % 2) + "node-a"},
+                )
+                text = await scrape()
+                scrapes += 1
+                got = samples(text, "hami_vgpu_memory_used_bytes")
+                assert {p: got.get(p) for p in good} == want_memory
+                mig_rows = samples(text, "hami_mig_device_info")
+                assert {p: mig_rows.get(p) for p in good} == want_mig
+                with trio.fail_after(2):
+                    try:
+                        answer = await exchange(socket_path)
+                    except OSError as exc:
+                        raise AssertionError(f"broker: {exc}\n{agent.output()[-5000:]}") from exc
+                assert answer == encode_response(os.getpid())
+                exchanges += 1
+                round_ += 1
+                await trio.sleep(0.3)
+            with trio.fail_after(60):
+                out = await tenant.stdout.receive_some(1 << 20) if tenant.stdout else b""
+                await tenant.wait()
+        finally:
+            if tenant.returncode is None:
+                tenant.kill()
+                await tenant.wait()
+        assert tenant.returncode == 0
+        rounds, gone = out.decode().splitlines()
+        assert int(rounds) >= DURATION, "the tenant barely ran"
+        gone_dirs = gone.split()
+        assert len(gone_dirs) >= 2
+
+        # The gone pods' directories are all removed, and the agent still ticks.
+        with trio.fail_after(90):
+            while any((root / d).exists() for d in gone_dirs):
+                assert agent.proc.poll() is None, agent.output()[-5000:]
+                await trio.sleep(0.2)
+        # The hostile pod ends on a hostile annotation: it has no MIG row, the others do.
+        fake.modify_pod(evil, annotations={"hami.io/vgpu-mig-allocations": HOSTILE_ANNOTATIONS[0]})
+        with trio.fail_after(20):
+            while "evil-annot" in samples(await scrape(), "hami_mig_device_info"):  # noqa: ASYNC110 - another process
+                await trio.sleep(0.1)
+        text = await scrape()
+        assert {p: samples(text, "hami_mig_device_info").get(p) for p in good} == want_mig
+        assert tick_count(text) - ticks_before >= DURATION / 0.5 / 4
+        assert scrapes >= DURATION / 2
+        assert exchanges == scrapes
+
+        print(
+            f"soak {DURATION:g}s: {scrapes} scrapes, {exchanges} broker exchanges, "
+            f"{tick_count(text) - ticks_before:g} ticks, {len(gone_dirs)} gone directories "
+            f"removed, {rounds} tenant rounds, 0 restarts"
+        )
+        assert await trio.to_thread.run_sync(agent.stop) == 0
+    assert not socket_path.exists()
+    lines = agent.lines
+    assert lines
+    for line in lines:
+        record = json.loads(line)  # one record per line: no file name forged a line
+        assert isinstance(record, dict), line
+    warnings = [r for r in agent.records() if r.get("level") in ("warning", "error")]
+    assert any("evil-annot" in json.dumps(r) for r in warnings), "the hostile pod was never named"

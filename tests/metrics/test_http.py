@@ -1,0 +1,536 @@
+"""Tests of the HTTP endpoint over real HTTP on 127.0.0.1 (urllib in a worker thread)."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import resource
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import pytest
+import trio
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as parse_openmetrics,
+)
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from hami_trio.errors import ConfigError, HttpServerError
+from hami_trio.goparse import BindAddress, parse_bind_address
+from hami_trio.metrics.http import (
+    HttpLimits,
+    HttpStats,
+    ReadinessCheck,
+    open_listen_socket,
+    progress_check,
+    serve_http,
+)
+
+
+@dataclass
+class Response:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+def _fetch(url: str, method: str, headers: Mapping[str, str]) -> Response:
+    request = urllib.request.Request(url, method=method, headers=dict(headers))
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return Response(
+                reply.status, {k.lower(): v for k, v in reply.headers.items()}, reply.read()
+            )
+    except urllib.error.HTTPError as error:
+        with error:
+            return Response(
+                error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
+            )
+
+
+async def fetch(
+    port: int, path: str, *, method: str = "GET", headers: Mapping[str, str] | None = None
+) -> Response:
+    url = f"http://127.0.0.1:{port}{path}"
+    return await trio.to_thread.run_sync(_fetch, url, method, headers or {})
+
+
+class ThreadRecorder(Collector):
+    """A collector that records the thread it runs in, and can be told to fail."""
+
+    def __init__(self) -> None:
+        self.threads: set[int] = set()
+        self.fail = False
+
+    def collect(self) -> Iterator[Metric]:
+        self.threads.add(threading.get_ident())
+        if self.fail:
+            raise RuntimeError("collector bug")
+        family = GaugeMetricFamily("test_info", "a test family", labels=["zone"])
+        family.add_metric(["vGPU"], 1)
+        yield family
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    registry = CollectorRegistry()
+    Gauge("test_gauge", "a gauge", ["who"], registry=registry).labels("me").set(3.5)
+    Counter("test_events", "a counter", registry=registry).inc(2)
+    return registry
+
+
+async def start(
+    nursery: trio.Nursery,
+    registry: CollectorRegistry,
+    checks: Mapping[str, ReadinessCheck] | None = None,
+    **options: object,
+) -> int:
+    bound: BindAddress = await nursery.start(
+        partial(serve_http, parse_bind_address("127.0.0.1:0"), registry, checks, **options)
+    )
+    assert bound.host == "127.0.0.1"
+    assert bound.port > 0
+    return bound.port
+
+
+async def test_metrics_text_format(nursery: trio.Nursery, registry: CollectorRegistry) -> None:
+    port = await start(nursery, registry)
+    reply = await fetch(port, "/metrics")
+    assert reply.status == 200
+    assert reply.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    families = {f.name: f for f in text_string_to_metric_families(reply.body.decode())}
+    assert families["test_gauge"].samples[0].labels == {"who": "me"}
+    assert families["test_gauge"].samples[0].value == 3.5
+    assert families["test_events"].type == "counter"
+
+
+async def test_metrics_openmetrics_by_accept(
+    nursery: trio.Nursery, registry: CollectorRegistry
+) -> None:
+    port = await start(nursery, registry)
+    accept = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.4"
+    reply = await fetch(port, "/metrics", headers={"Accept": accept})
+    assert reply.status == 200
+    assert reply.headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
+    assert reply.body.endswith(b"# EOF\n")
+    families = {f.name: f for f in parse_openmetrics(reply.body.decode())}
+    assert families["test_events"].samples[0].value == 2
+
+
+async def test_metrics_gzip_and_name_filter(
+    nursery: trio.Nursery, registry: CollectorRegistry
+) -> None:
+    port = await start(nursery, registry)
+    reply = await fetch(port, "/metrics?name[]=test_gauge", headers={"Accept-Encoding": "gzip"})
+    assert reply.headers["content-encoding"] == "gzip"
+    text = gzip.decompress(reply.body).decode()
+    assert [f.name for f in text_string_to_metric_families(text)] == ["test_gauge"]
+
+
+async def test_scrape_renders_in_a_worker_thread(
+    nursery: trio.Nursery, registry: CollectorRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    recorder = ThreadRecorder()
+    registry.register(recorder)
+    port = await start(nursery, registry)
+    assert (await fetch(port, "/metrics")).status == 200
+    assert recorder.threads
+    assert threading.get_ident() not in recorder.threads
+    recorder.fail = True
+    reply = await fetch(port, "/metrics")
+    assert reply.status == 500
+    assert "rendering /metrics failed" in caplog.text
+    recorder.fail = False
+    assert (await fetch(port, "/metrics")).status == 200  # the endpoint survives
+
+
+async def test_health_and_readiness(nursery: trio.Nursery, registry: CollectorRegistry) -> None:
+    state = {"broker": True, "pod-watch": False}
+
+    def broken() -> bool:
+        raise RuntimeError("check bug")
+
+    checks: dict[str, ReadinessCheck] = {
+        "broker": lambda: state["broker"],
+        "pod-watch": lambda: state["pod-watch"],
+    }
+    port = await start(nursery, registry, checks)
+    health = await fetch(port, "/healthz")
+    assert (health.status, health.body) == (200, b"ok\n")
+    reply = await fetch(port, "/readyz")
+    assert reply.status == 503
+    assert reply.body == b"[+]broker ok\n[-]pod-watch failed\nreadyz check failed\n"
+    state["pod-watch"] = True
+    reply = await fetch(port, "/readyz")
+    assert reply.status == 200
+    assert reply.body == b"[+]broker ok\n[+]pod-watch ok\nreadyz check passed\n"
+    checks["monitor"] = broken  # the app copied the mapping: later changes have no effect
+    assert (await fetch(port, "/readyz")).status == 200
+
+
+async def test_raising_check_fails_readiness(
+    nursery: trio.Nursery, registry: CollectorRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken() -> bool:
+        raise RuntimeError("check bug")
+
+    port = await start(nursery, registry, {"monitor": broken})
+    reply = await fetch(port, "/readyz")
+    assert reply.status == 503
+    assert b"[-]monitor failed" in reply.body
+    assert "readiness check monitor raised" in caplog.text
+
+
+async def test_no_checks_is_ready(nursery: trio.Nursery, registry: CollectorRegistry) -> None:
+    port = await start(nursery, registry)
+    assert (await fetch(port, "/readyz")).status == 200
+
+
+async def test_methods_and_paths(nursery: trio.Nursery, registry: CollectorRegistry) -> None:
+    port = await start(nursery, registry)
+    assert (await fetch(port, "/nope")).status == 404
+    reply = await fetch(port, "/metrics", method="POST")
+    assert reply.status == 405
+    assert reply.headers["allow"] == "GET, HEAD"
+    head = await fetch(port, "/metrics", method="HEAD")
+    assert head.status == 200
+    assert head.body == b""
+    assert int(head.headers["content-length"]) > 0
+
+
+async def test_busy_port_fails_before_started(
+    nursery: trio.Nursery, registry: CollectorRegistry
+) -> None:
+    port = await start(nursery, registry)
+    with pytest.raises(HttpServerError, match=f"127.0.0.1:{port}"):
+        await nursery.start(serve_http, BindAddress("127.0.0.1", port), registry)
+
+
+def test_unresolvable_host() -> None:
+    with pytest.raises(HttpServerError, match="cannot resolve"):
+        open_listen_socket(BindAddress("no-such-host.invalid", 0))
+
+
+def test_all_interfaces_binding() -> None:
+    sock = open_listen_socket(parse_bind_address(":0"))
+    try:
+        assert sock.getsockname()[1] > 0
+        if sock.family == socket.AF_INET6:  # dual stack: IPv4 clients reach it too
+            assert sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 0
+    finally:
+        sock.close()
+
+
+async def test_all_interfaces_serves_ipv4(
+    nursery: trio.Nursery, registry: CollectorRegistry
+) -> None:
+    bound: BindAddress = await nursery.start(serve_http, parse_bind_address(":0"), registry)
+    assert bound.host == ""
+    assert (await fetch(bound.port, "/healthz")).status == 200
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_cancel_closes_the_listener(registry: CollectorRegistry) -> None:
+    before = _open_fds()
+    async with trio.open_nursery() as nursery:
+        port = await start(nursery, registry)
+        assert (await fetch(port, "/healthz")).status == 200
+        nursery.cancel_scope.cancel()
+    assert _open_fds() == before
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_progress_check() -> None:
+    now = [0.0]
+    ticks = [0]
+    paused = [False]
+    check = progress_check(
+        lambda: ticks[0], max_stall=15, idle=lambda: paused[0], clock=lambda: now[0]
+    )
+    assert not check()  # no tick yet
+    ticks[0] = 1
+    now[0] = 5
+    assert check()
+    now[0] = 20  # 15 s after the last observed change
+    assert check()
+    now[0] = 20.5
+    assert not check()  # stalled
+    paused[0] = True
+    now[0] = 100
+    assert check()  # paused by the MIG lock: not a stall
+    paused[0] = False
+    now[0] = 110
+    assert check()  # counting restarts after the pause
+    now[0] = 116
+    assert not check()
+    ticks[0] = 2
+    assert check()
+
+
+# --- hostile clients: real sockets on 127.0.0.1 -------------------------------------------
+
+
+def _padded_registry(kib: int) -> CollectorRegistry:
+    """A registry whose text exposition is about ``kib`` KiB (100-byte lines)."""
+    registry = CollectorRegistry()
+    gauge = Gauge("test_series", "a padded series", ["pod", "container"], registry=registry)
+    for i in range(kib * 1024 // 100):
+        gauge.labels(f"pod-{i:06d}-abcdefghijklmnop", f"container-{i:06d}").set(i)
+    return registry
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def _server_connections(port: int) -> int:
+    """This process's established (or half-closed) TCP sockets whose local port is ``port``."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            if local_port == port and fields[3] in ("01", "08") and fields[9] in inodes:
+                count += 1
+    return count
+
+
+def _stall(port: int, count: int) -> list[socket.socket]:
+    """``count`` clients that send ``GET /metrics`` and never read (4 KiB receive buffer)."""
+    request = f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    socks = []
+    for _ in range(count):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect
+        sock.settimeout(5)
+        try:
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(request)
+        except OSError:
+            pass  # evicted before the request was sent: the server chose to close it
+        socks.append(sock)
+    return socks
+
+
+@pytest.fixture
+def many_fds() -> Iterator[None]:
+    """Room for 1000 client and 1000 server sockets in this one process."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = 2600
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < {needed}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, needed), hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def _until(predicate: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        await trio.sleep(0.05)
+    return True
+
+
+@pytest.mark.slow
+async def test_stalled_clients_are_bounded_and_a_scrape_still_answers(
+    nursery: trio.Nursery, many_fds: None
+) -> None:
+    """1000 clients send GET /metrics and never read (a 128 KiB answer each).
+
+    Before the fix every connection and its body stayed for ever (300 such clients: +72 MiB,
+    1000: +236 MiB and the next scrape timed out; bench/http_stall.py).  Now the server holds
+    at most its cap, a normal scrape is answered during the attack, and the per-request
+    deadline closes every stalled client.
+    """
+    registry = _padded_registry(128)
+    stats = HttpStats()
+    # 2 s: the scrape may queue behind up to 63 stalled clients' renders on a loaded machine
+    limits = HttpLimits(max_connections=64, request_timeout=2.0)
+    port = await start(nursery, registry, limits=limits, stats=stats)
+    assert (await fetch(port, "/metrics")).status == 200  # warm: the first render allocates
+    rss_before = _rss_mib()
+    socks = await trio.to_thread.run_sync(_stall, port, 1000)
+    try:
+        during = await fetch(port, "/metrics")
+        assert during.status == 200
+        assert b"test_series" in during.body
+        assert stats.open <= limits.max_connections
+        assert _server_connections(port) <= limits.max_connections
+        # Bodies held: at most one per connection, never one per stalled client.
+        assert stats.held_bytes <= limits.max_connections * len(during.body)
+        assert _rss_mib() - rss_before < 60  # 1000 held bodies would be over 120 MiB
+        assert await _until(lambda: _server_connections(port) == 0, seconds=8)
+        assert stats.open == 0
+        assert stats.held_bytes == 0
+        assert stats.counts["response_timeout"] >= 1
+        assert stats.counts["evicted"] + stats.counts["response_timeout"] >= 1000
+    finally:
+        for sock in socks:
+            sock.close()
+    text = (await fetch(port, "/metrics?name[]=hami_trio_http_connections_total")).body.decode()
+    samples = {
+        sample.labels["outcome"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "hami_trio_http_connections_total"
+    }
+    assert samples["evicted"] == stats.counts["evicted"], (samples, stats.counts)
+    assert samples["response_timeout"] == stats.counts["response_timeout"]
+
+
+def _exchange(port: int, data: bytes, *, timeout: float = 5) -> tuple[bytes, float]:
+    """Send ``data``, read until the server closes; the bytes and the seconds it took."""
+    start = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        if data:
+            sock.sendall(data)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks), time.monotonic() - start
+
+
+async def test_h2c_upgrade_is_answered_in_http11(
+    nursery: trio.Nursery, registry: CollectorRegistry
+) -> None:
+    port = await start(nursery, registry)
+    request = (
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings, close\r\n"
+        b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n"
+    )
+    reply, _ = await trio.to_thread.run_sync(_exchange, port, request)
+    assert reply.startswith(b"HTTP/1.1 200 ")
+    assert b"101" not in reply.split(b"\r\n")[0]
+    assert reply.endswith(b"\r\n\r\nok\n")
+
+
+async def test_http2_preface_is_refused(nursery: trio.Nursery, registry: CollectorRegistry) -> None:
+    stats = HttpStats()
+    port = await start(nursery, registry, stats=stats)
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
+    reply, _ = await trio.to_thread.run_sync(_exchange, port, preface)
+    assert reply.startswith(b"HTTP/1.1 505 ")  # not an HTTP/2 SETTINGS frame
+    assert stats.counts["bad_request"] == 1
+
+
+async def test_slow_request_head_is_closed(
+    nursery: trio.Nursery, registry: CollectorRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Slowloris: an incomplete head is closed at the head deadline, and logged once."""
+    stats = HttpStats()
+    limits = HttpLimits(header_timeout=0.3)
+    port = await start(nursery, registry, limits=limits, stats=stats)
+    for _ in range(3):
+        reply, took = await trio.to_thread.run_sync(
+            _exchange, port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: a"
+        )
+        assert reply == b""
+        assert 0.25 < took < 3
+    silent, took = await trio.to_thread.run_sync(_exchange, port, b"")  # sends nothing at all
+    assert silent == b""
+    assert 0.25 < took < 3
+    assert stats.counts["header_timeout"] == 4
+    logged = [r for r in caplog.records if "header_timeout connection" in r.getMessage()]
+    assert len(logged) == 1  # rate-limited: once per outcome per minute
+
+
+async def test_request_head_size_is_bounded(
+    nursery: trio.Nursery, registry: CollectorRegistry
+) -> None:
+    stats = HttpStats()
+    port = await start(nursery, registry, limits=HttpLimits(max_request_head=4096), stats=stats)
+    huge = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8192 + b"\r\n\r\n"
+    reply, _ = await trio.to_thread.run_sync(_exchange, port, huge)
+    assert reply.startswith(b"HTTP/1.1 431 ")
+    assert stats.counts["bad_request"] == 1
+
+
+async def test_request_body_is_not_read(nursery: trio.Nursery, registry: CollectorRegistry) -> None:
+    """A request with a (huge) body is answered and closed; the body is never buffered."""
+    port = await start(nursery, registry)
+    request = b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\nabc"
+    reply, _ = await trio.to_thread.run_sync(_exchange, port, request)
+    assert reply.startswith(b"HTTP/1.1 405 ")
+    assert b"connection: close" in reply.lower()
+
+
+def _keep_alive(port: int, count: int, pause: float) -> list[tuple[int, str]]:
+    """``count`` requests on one connection, ``pause`` seconds apart."""
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    replies = []
+    try:
+        for _ in range(count):
+            connection.request("GET", "/healthz")
+            reply = connection.getresponse()
+            reply.read()
+            replies.append((reply.status, f"{connection.sock.getsockname()}"))
+            time.sleep(pause)
+    finally:
+        connection.close()
+    return replies
+
+
+def _idle_after_one_request(port: int) -> float:
+    """Seconds the server keeps a connection open after answering its one request."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = b""
+        while not reply.endswith(b"\r\n\r\nok\n"):
+            reply += sock.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 200 ")
+        answered = time.monotonic()
+        assert sock.recv(65536) == b""  # the server closes the idle connection
+        return time.monotonic() - answered
+
+
+async def test_keep_alive_reuses_the_connection_and_idles_out(
+    nursery: trio.Nursery, registry: CollectorRegistry
+) -> None:
+    stats = HttpStats()
+    limits = HttpLimits(keep_alive_timeout=0.5, request_timeout=0.3)
+    port = await start(nursery, registry, limits=limits, stats=stats)
+    # Three requests, each 0.4 s after the last: longer than one request's deadline, shorter
+    # than the idle time - the deadline runs per request, not per connection.
+    replies = await trio.to_thread.run_sync(_keep_alive, port, 3, 0.4)
+    assert [status for status, _ in replies] == [200, 200, 200]
+    assert len({local for _, local in replies}) == 1  # one connection
+    assert stats.counts["response_timeout"] == stats.counts["header_timeout"] == 0
+    idle = await trio.to_thread.run_sync(_idle_after_one_request, port)
+    assert 0.4 < idle < 3
+    assert await _until(lambda: stats.open == 0, seconds=2)
+
+
+async def test_limits_are_validated() -> None:
+    with pytest.raises(ConfigError, match="max_connections"):
+        HttpLimits(max_connections=0)
+    with pytest.raises(ConfigError, match="request_timeout"):
+        HttpLimits(request_timeout=0)

@@ -1,0 +1,732 @@
+"""Tests of the pod watch: pure decoders and backoff, then the real kubernetes-asyncio client
+over real HTTP(S) against :mod:`tests.pods.fake_kube`.
+
+The network tests run on the real clock with millisecond backoff settings: MockClock's
+autojump would treat waiting for a loopback socket as idle time and fire the client's
+timeouts.  Timing is only ever asserted as an upper bound on request counts, which a slow
+machine cannot break.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import random
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import pytest
+import trio
+import trustme
+from hypothesis import given
+from prometheus_client import CollectorRegistry
+
+from hami_trio.errors import ConfigError, PodSourceError
+from hami_trio.pods.access import KubeAccess, validate_node_name
+from hami_trio.pods.decode import (
+    WatchDecodeError,
+    WatchEvent,
+    apply_watch_event,
+    parse_pod_list,
+    parse_status,
+    parse_watch_event,
+    pod_info_from_object,
+)
+from hami_trio.pods.source import PodInfo, PodSource
+from hami_trio.pods.watch import Backoff, KubernetesPodSource, WatchSettings, serve_pod_watch
+from tests.pods.fake_kube import FakeKubeApi
+from tests.strategies import metrics as st_metrics
+
+FAST = WatchSettings(
+    backoff_initial=0.02,
+    backoff_max=0.2,
+    watch_timeout=30,
+    connect_timeout=2,
+    list_timeout=5,
+    read_grace=5,
+    min_watch_duration=0.05,
+)
+
+
+# Pure parts --------------------------------------------------------------------------------
+
+
+def _pod(uid: str = "u1", **meta: object) -> dict[str, object]:
+    return {
+        "metadata": {"uid": uid, "namespace": "ns", "name": "p", "resourceVersion": "7", **meta},
+        "spec": {
+            "containers": [{"name": "a"}, {"name": "b"}, {"image": "no-name"}, "junk"],
+            "initContainers": [{"name": "init"}],
+        },
+    }
+
+
+def test_pod_info_keeps_what_the_monitor_uses() -> None:
+    obj = _pod(
+        annotations={
+            "hami.io/vgpu-mig-allocations": "[]",
+            "kubectl.kubernetes.io/last-applied-configuration": "x" * 1000,
+            "hami.io/n": 3,
+        },
+        labels={"hami.io/vgpu-node": "node-a", "app": "x", "bad": None},
+    )
+    info = pod_info_from_object(obj)
+    assert info == PodInfo(
+        uid="u1",
+        namespace="ns",
+        name="p",
+        containers=("a", "b"),
+        init_containers=("init",),
+        annotations={"hami.io/vgpu-mig-allocations": "[]"},
+        labels={"hami.io/vgpu-node": "node-a", "app": "x"},
+    )
+    assert "kubectl.kubernetes.io/last-applied-configuration" in (
+        pod_info_from_object(obj, annotation_prefixes=None).annotations
+    )
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [None, [], {"spec": {}}, {"metadata": []}, {"metadata": {"uid": ""}}, {"metadata": {"uid": 5}}],
+)
+def test_pod_without_uid_is_rejected(obj: object) -> None:
+    with pytest.raises(WatchDecodeError):
+        pod_info_from_object(obj)
+
+
+def test_parse_pod_list() -> None:
+    body = json.dumps(
+        {"kind": "PodList", "metadata": {"resourceVersion": "42"}, "items": [_pod("a"), _pod("b")]}
+    )
+    rv, pods = parse_pod_list(body)
+    assert rv == "42"
+    assert [p.uid for p in pods] == ["a", "b"]
+    assert parse_pod_list(b'{"metadata": {"resourceVersion": "1"}, "items": null}') == ("1", ())
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"\xff\xfe",
+        b"[]",
+        b'{"items": []}',
+        b'{"metadata": {"resourceVersion": ""}, "items": []}',
+        b'{"metadata": {"resourceVersion": "1"}, "items": {}}',
+        b'{"metadata": {"resourceVersion": "1"}, "items": ' + b"[" * 100_000 + b"]" * 100_000,
+    ],
+)
+def test_parse_pod_list_rejects_malformed(body: bytes) -> None:
+    with pytest.raises(WatchDecodeError):
+        parse_pod_list(body)
+
+
+def test_parse_pod_list_leaves_out_bad_items_only() -> None:
+    good = {"metadata": {"uid": "a", "name": "a"}}
+    other = {"metadata": {"uid": "b", "name": "b"}}
+    body = json.dumps(
+        {
+            "metadata": {"resourceVersion": "7"},
+            "items": [good, {"metadata": {}}, 5, {"metadata": {"uid": 3}}, other],
+        }
+    )
+    skipped: list[tuple[int, str]] = []
+    rv, pods = parse_pod_list(body, on_skip=lambda i, exc: skipped.append((i, str(exc))))
+    assert rv == "7"
+    assert [pod.uid for pod in pods] == ["a", "b"]
+    assert skipped == [
+        (1, "pod has no metadata.uid"),
+        (2, "expected a JSON object, got int"),
+        (3, "pod has no metadata.uid"),
+    ]
+    assert parse_pod_list(body)[1] == pods  # without a callback, the same
+
+
+def test_pod_decoder_replaces_lone_surrogates_like_go() -> None:
+    # The escapes are JSON text: json.loads turns them into lone surrogates.
+    raw = (
+        '{"metadata": {"uid": "u\\ud800", "namespace": "ns\\udcff", "name": "p\\ud800",'
+        ' "labels": {"k\\ud800": "v\\udfff"},'
+        ' "annotations": {"hami.io/x": "\\ud800\\ud83d\\ude00"}},'
+        ' "spec": {"containers": [{"name": "c\\ud800"}], "initContainers": [{"name": 1}]}}'
+    )
+    pod = pod_info_from_object(json.loads(raw))
+    assert pod == PodInfo(
+        uid="u\ufffd",
+        namespace="ns\ufffd",
+        name="p\ufffd",
+        containers=("c\ufffd",),
+        init_containers=(),
+        labels={"k\ufffd": "v\ufffd"},
+        annotations={"hami.io/x": "\ufffd\U0001f600"},  # a real pair stays what it spells
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"type": [], "object": {}}',
+        b'{"type": {"a": 1}, "object": {}}',
+        b'{"type": "ADDED", "object": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    ],
+)
+def test_parse_watch_event_rejects_wrong_types_and_deep_nesting(line: bytes) -> None:
+    with pytest.raises(WatchDecodeError):
+        parse_watch_event(line)
+
+
+def test_parse_watch_events() -> None:
+    added = parse_watch_event(json.dumps({"type": "ADDED", "object": _pod("x")}).encode() + b"\n")
+    assert added.type == "ADDED"
+    assert added.resource_version == "7"
+    assert added.pod is not None
+    assert added.pod.uid == "x"
+    bookmark = parse_watch_event(
+        b'{"type": "BOOKMARK", "object": {"kind": "Pod", "metadata": {"resourceVersion": "9"}}}'
+    )
+    assert bookmark == WatchEvent(type="BOOKMARK", resource_version="9")
+    error = parse_watch_event(
+        json.dumps(
+            {
+                "type": "ERROR",
+                "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "old"},
+            }
+        )
+    )
+    assert error == WatchEvent(type="ERROR", code=410, message="Expired: old")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"garbage",
+        b"[1]",
+        b'{"type": "SYNC", "object": {}}',
+        b'{"type": "ADDED", "object": {"metadata": {}}}',
+        b'{"type": "BOOKMARK", "object": {"metadata": {}}}',
+        b'{"type": "DELETED"}',
+    ],
+)
+def test_parse_watch_event_rejects_malformed(line: bytes) -> None:
+    with pytest.raises(WatchDecodeError):
+        parse_watch_event(line)
+
+
+@given(st_metrics.watch_lines())
+def test_any_watch_line_decodes_or_raises_its_error(line: bytes) -> None:
+    try:
+        event = parse_watch_event(line)
+    except WatchDecodeError:
+        return
+    assert (event.pod is not None) == (event.type in ("ADDED", "MODIFIED", "DELETED"))
+
+
+def test_parse_status() -> None:
+    assert parse_status(b'{"kind":"Status","code":403,"reason":"Forbidden","message":"no"}') == (
+        403,
+        "Forbidden: no",
+    )
+    assert parse_status(b'{"code": true}') == (None, "")
+    assert parse_status(b"<html>bad gateway</html>") == (None, "<html>bad gateway</html>")
+
+
+def test_apply_watch_event_is_idempotent() -> None:
+    a = PodInfo(uid="a", namespace="n", name="a")
+    a2 = PodInfo(uid="a", namespace="n", name="a", labels={"x": "y"})
+    pods: dict[str, PodInfo] = {}
+    for event in [
+        WatchEvent("ADDED", "1", a),
+        WatchEvent("ADDED", "1", a),
+        WatchEvent("MODIFIED", "2", a2),
+    ]:
+        pods = apply_watch_event(pods, event)
+    assert pods == {"a": a2}
+    before = dict(pods)
+    assert apply_watch_event(pods, WatchEvent("DELETED", "3", a)) == {}
+    assert pods == before  # the input is never modified
+    assert apply_watch_event({}, WatchEvent("DELETED", "3", a)) == {}
+    assert apply_watch_event(pods, WatchEvent("BOOKMARK", "4")) == pods
+
+
+def test_backoff_grows_with_jitter_and_caps() -> None:
+    backoff = Backoff(0.5, 8.0, rng=random.Random(7))
+    delays = [backoff.next_delay() for _ in range(10)]
+    ceilings = [min(8.0, 0.5 * 2**n) for n in range(10)]
+    for delay, ceiling in zip(delays, ceilings, strict=True):
+        assert ceiling / 2 <= delay <= ceiling
+    assert delays == sorted(delays[:5]) + delays[5:]  # non-decreasing until the cap
+    assert len(set(delays)) == len(delays)  # jittered
+    backoff.reset()
+    assert 0.25 <= backoff.next_delay() <= 0.5
+    with pytest.raises(ValueError, match="initial"):
+        Backoff(0, 1)
+    with pytest.raises(ValueError, match="initial"):
+        Backoff(2, 1)
+
+
+def test_backoff_survives_many_failures() -> None:
+    backoff = Backoff(0.1, 30.0, rng=random.Random(1))
+    for _ in range(5000):
+        delay = backoff.next_delay()
+    assert 15.0 <= delay <= 30.0
+
+
+def test_settings_are_validated() -> None:
+    with pytest.raises(ValueError, match="watch_timeout"):
+        WatchSettings(watch_timeout=0)
+    with pytest.raises(ValueError, match="initial"):
+        WatchSettings(backoff_initial=5, backoff_max=1)
+
+
+@pytest.mark.parametrize("name", ["node-a", "ip-10-0-0-1.ec2.internal", "a"])
+def test_valid_node_names(name: str) -> None:
+    assert validate_node_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "Node-A", "a,b", "a=b", "-a", "a" * 254, "a..b"])
+def test_invalid_node_names(name: str) -> None:
+    with pytest.raises(ConfigError, match="NODE_NAME"):
+        validate_node_name(name)
+
+
+def test_node_name_is_required() -> None:
+    with pytest.raises(ConfigError, match="--no-kubernetes"):
+        validate_node_name("")
+
+
+def test_kube_access_from_env(tmp_path: Path) -> None:
+    assert KubeAccess.from_env({"KUBECONFIG": "/k"}).kubeconfig == "/k"
+    assert KubeAccess.from_env({"KUBECONFIG": "/k"}, kubeconfig="/x").kubeconfig == "/x"
+    incluster = KubeAccess.from_env(
+        {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"},
+        service_account_dir=str(tmp_path),
+    )
+    assert incluster.kubeconfig is None
+    assert incluster.token_path == f"{tmp_path}/token"
+    assert incluster.ca_path == f"{tmp_path}/ca.crt"
+    assert incluster.describe() == "in-cluster https://10.0.0.1:443"
+    # KUBECONFIG wins over the in-cluster variables, like kubectl.
+    both = {"KUBECONFIG": "/k", "KUBERNETES_SERVICE_HOST": "h", "KUBERNETES_SERVICE_PORT": "1"}
+    assert KubeAccess.from_env(both).kubeconfig == "/k"
+    with pytest.raises(PodSourceError, match="KUBECONFIG"):
+        KubeAccess.from_env({"KUBERNETES_SERVICE_HOST": "h"})
+
+
+def test_source_before_any_list() -> None:
+    registry = CollectorRegistry()
+    source = KubernetesPodSource("node-a", registry=registry)
+    checked: PodSource = source  # structurally a PodSource
+    assert not checked.ready
+    assert not checked.authoritative
+    assert checked.lookup("x") is None
+    assert registry.get_sample_value("hami_trio_pod_watch_synced") == 0
+    assert registry.get_sample_value("hami_trio_pod_watch_relists_total") == 0
+    with pytest.raises(ConfigError):
+        KubernetesPodSource("Bad_Name")
+
+
+# Against the fake API server ---------------------------------------------------------------
+
+
+def write_kubeconfig(path: Path, server: str, token: str | None = None) -> str:
+    """A kubeconfig (JSON is YAML) pointing at ``server``."""
+    user: dict[str, str] = {"token": token} if token else {}
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "fake", "cluster": {"server": server}}],
+        "users": [{"name": "me", "user": user}],
+        "contexts": [{"name": "ctx", "context": {"cluster": "fake", "user": "me"}}],
+        "current-context": "ctx",
+    }
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+async def wait_until(predicate: Callable[[], bool]) -> None:
+    """Poll ``predicate`` (state of the fake server and of the watch) for up to 10 s."""
+    with trio.fail_after(10):
+        while not predicate():  # noqa: ASYNC110 - two independent components, no shared Event
+            await trio.sleep(0.005)
+
+
+async def start_watch(
+    nursery: trio.Nursery,
+    access: KubeAccess,
+    *,
+    registry: CollectorRegistry | None = None,
+    settings: WatchSettings = FAST,
+    node: str = "node-a",
+) -> KubernetesPodSource:
+    source = KubernetesPodSource(node, registry=registry)
+    await nursery.start(
+        partial(serve_pod_watch, source, access, settings=settings, rng=random.Random(3))
+    )
+    return source
+
+
+def pod_uids(source: KubernetesPodSource) -> set[str]:
+    return set(source.pods())
+
+
+@pytest.fixture
+async def fake(nursery: trio.Nursery) -> FakeKubeApi:
+    api = FakeKubeApi()
+    await nursery.start(api.serve)
+    return api
+
+
+@pytest.fixture
+def access(fake: FakeKubeApi, tmp_path: Path) -> KubeAccess:
+    return KubeAccess(
+        kubeconfig=write_kubeconfig(tmp_path / "kubeconfig", f"http://127.0.0.1:{fake.port}")
+    )
+
+
+def lists(fake: FakeKubeApi) -> list[str | None]:
+    return [r.resource_version for r in fake.requests if not r.watch]
+
+
+def watches(fake: FakeKubeApi) -> list[str | None]:
+    return [r.resource_version for r in fake.requests if r.watch]
+
+
+async def test_initial_list_is_scoped_to_the_node(
+    nursery: trio.Nursery, fake: FakeKubeApi, access: KubeAccess
+) -> None:
+    mine = fake.add_pod(
+        "train",
+        namespace="team",
+        containers=("worker", "sidecar"),
+        init_containers=("setup",),
+        annotations={"hami.io/vgpu-mig-allocations": "[]", "other": "x"},
+        labels={"hami.io/vgpu-node": "node-a"},
+    )
+    fake.add_pod("elsewhere", node="node-b")
+    registry = CollectorRegistry()
+    source = await start_watch(nursery, access, registry=registry)
+    await wait_until(lambda: source.authoritative)
+    assert source.ready
+    assert pod_uids(source) == {mine}
+    assert source.lookup(mine) == PodInfo(
+        uid=mine,
+        namespace="team",
+        name="train",
+        containers=("worker", "sidecar"),
+        init_containers=("setup",),
+        annotations={"hami.io/vgpu-mig-allocations": "[]"},
+        labels={"hami.io/vgpu-node": "node-a"},
+    )
+    await wait_until(lambda: fake.open_watches == 1)
+    list_request, watch_request = fake.requests[:2]
+    assert list_request.field_selector == "spec.nodeName=node-a"
+    assert list_request.resource_version == "0"  # the first list may come from the cache
+    assert watch_request.field_selector == "spec.nodeName=node-a"
+    assert watch_request.resource_version == str(fake.resource_version)
+    assert watch_request.params["allowWatchBookmarks"].lower() == "true"
+    assert 30 <= int(watch_request.params["timeoutSeconds"]) < 60
+    assert registry.get_sample_value("hami_trio_pod_watch_synced") == 1
+    assert registry.get_sample_value("hami_trio_pod_watch_relists_total") == 0
+
+
+async def test_added_modified_deleted(
+    nursery: trio.Nursery, fake: FakeKubeApi, access: KubeAccess
+) -> None:
+    source = await start_watch(nursery, access)
+    await wait_until(lambda: source.ready)
+    assert source.pods() == {}
+    uid = fake.add_pod("a", annotations={"hami.io/x": "1"})
+    other = fake.add_pod("b", node="node-b")
+    await wait_until(lambda: uid in source.pods())
+    fake.modify_pod(uid, annotations={"hami.io/x": "2"})
+    await wait_until(lambda: source.pods()[uid].annotations == {"hami.io/x": "2"})
+    fake.delete_pod(uid)
+    await wait_until(lambda: uid not in source.pods())
+    assert other not in source.pods()
+    assert source.resource_version == str(fake.resource_version)
+    assert lists(fake) == ["0"]  # no relist for ordinary events
+
+
+async def test_bookmark_moves_the_resume_point(
+    nursery: trio.Nursery, fake: FakeKubeApi, access: KubeAccess
+) -> None:
+    source = await start_watch(nursery, access)
+    await wait_until(lambda: fake.open_watches == 1)
+    first_rv = source.resource_version
+    fake.add_pod("not-mine", node="node-b")  # moves the cluster's version, invisible to us
+    fake.bookmark()
+    await wait_until(lambda: source.resource_version == str(fake.resource_version))
+    assert source.resource_version != first_rv
+    fake.end_watches()  # like the server's timeoutSeconds: resume, do not relist
+    await wait_until(lambda: len(watches(fake)) == 2 and fake.open_watches == 1)
+    assert watches(fake) == [first_rv, str(fake.resource_version)]
+    assert lists(fake) == ["0"]
+    assert source.authoritative
+
+
+@pytest.mark.parametrize("gone_as_status", [False, True], ids=["error-event", "http-410"])
+async def test_expired_watch_relists_without_losing_or_duplicating(
+    nursery: trio.Nursery, tmp_path: Path, gone_as_status: bool
+) -> None:
+    fake = FakeKubeApi(gone_as_status=gone_as_status)
+    await nursery.start(fake.serve)
+    access = KubeAccess(
+        kubeconfig=write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{fake.port}")
+    )
+    keep = fake.add_pod("keep")
+    gone = fake.add_pod("gone")
+    registry = CollectorRegistry()
+    source = await start_watch(nursery, access, registry=registry)
+    await wait_until(lambda: fake.open_watches == 1)
+    assert pod_uids(source) == {keep, gone}
+    # Changes the watch never delivers, then history is compacted and the watch drops: the
+    # client's resume point is too old and only a new list can tell it what happened.
+    fake.delete_pod(gone)
+    fake.modify_pod(keep, labels={"v": "2"})
+    new = fake.add_pod("new")
+    fake.compact()
+    fake.end_watches()
+    await wait_until(lambda: source.relists == 1 and fake.open_watches == 1)
+    assert source.pods().keys() == fake.pods_on("node-a").keys() == {keep, new}
+    assert source.pods()[keep].labels == {"v": "2"}
+    assert lists(fake) == ["0", None]  # the relist is a consistent read
+    assert registry.get_sample_value("hami_trio_pod_watch_relists_total") == 1
+    assert source.authoritative
+
+
+async def test_undecodable_event_relists(
+    nursery: trio.Nursery, fake: FakeKubeApi, access: KubeAccess
+) -> None:
+    uid = fake.add_pod("a")
+    source = await start_watch(nursery, access)
+    await wait_until(lambda: fake.open_watches == 1)
+    fake.send_raw(b'{"type": "ADDED", "object": {"metadata": {"resourceVersion": "1"}}}')
+    await wait_until(lambda: source.relists == 1)
+    assert pod_uids(source) == {uid}
+
+
+async def test_error_event_other_than_410_retries_the_watch(
+    nursery: trio.Nursery, fake: FakeKubeApi, access: KubeAccess
+) -> None:
+    source = await start_watch(nursery, access)
+    await wait_until(lambda: fake.open_watches == 1)
+    rv = source.resource_version
+    fake.send_error(500, "InternalError", "etcd hiccup")
+    await wait_until(lambda: len(watches(fake)) == 2 and fake.open_watches == 1)
+    assert watches(fake) == [rv, rv]
+    assert source.relists == 0
+
+
+async def test_outage_keeps_pods_backs_off_and_recovers(
+    nursery: trio.Nursery, fake: FakeKubeApi, access: KubeAccess
+) -> None:
+    a = fake.add_pod("a")
+    b = fake.add_pod("b")
+    registry = CollectorRegistry()
+    source = await start_watch(nursery, access, registry=registry)
+    await wait_until(lambda: fake.open_watches == 1)
+    port = fake.port
+    fake.stop()
+    await wait_until(lambda: not source.authoritative)
+    await trio.sleep(0.3)  # several refused reconnects
+    # Last known set, still ready (metrics keep flowing), but not authoritative.
+    assert pod_uids(source) == {a, b}
+    assert source.ready
+    assert registry.get_sample_value("hami_trio_pod_watch_synced") == 0
+    # The cluster changes while we cannot see it; history is kept, so no relist is needed.
+    fake.delete_pod(a)
+    c = fake.add_pod("c")
+    await nursery.start(partial(fake.serve, port=port))
+    await wait_until(lambda: pod_uids(source) == {b, c} and source.authoritative)
+    assert source.relists == 0
+    assert registry.get_sample_value("hami_trio_pod_watch_synced") == 1
+
+
+async def test_authority_returns_only_with_news_from_the_resumed_watch(
+    nursery: trio.Nursery, fake: FakeKubeApi, access: KubeAccess
+) -> None:
+    fake.add_pod("a")
+    source = await start_watch(nursery, access)
+    await wait_until(lambda: fake.open_watches == 1)
+    port = fake.port
+    fake.stop()
+    await wait_until(lambda: not source.authoritative)
+    await nursery.start(partial(fake.serve, port=port))
+    await wait_until(lambda: fake.open_watches == 1)
+    await trio.sleep(0.1)
+    # Connected, but nothing replayed yet: a pod created during the outage could still be
+    # on its way, so the lister must not treat unknown pods as gone.
+    assert not source.authoritative
+    fake.bookmark()
+    await wait_until(lambda: source.authoritative)
+    assert source.relists == 0
+
+
+async def test_error_responses_back_off(
+    nursery: trio.Nursery, fake: FakeKubeApi, access: KubeAccess
+) -> None:
+    uid = fake.add_pod("a")
+    source = await start_watch(nursery, access)
+    await wait_until(lambda: fake.open_watches == 1)
+    fake.fail_with(503)
+    fake.end_watches()
+    await wait_until(lambda: not source.authoritative)
+    before = len(fake.requests)
+    await trio.sleep(1.0)
+    attempts = len(fake.requests) - before
+    # FAST backs off 0.02 s doubling to 0.2 s, each delay at least half its ceiling, so one
+    # second holds at most 0.01+0.02+0.04+0.08 then 0.1 s steps: 13 attempts, +1 in flight.
+    assert 1 <= attempts <= 14
+    assert pod_uids(source) == {uid}
+    fake.fail_with(None)
+    await wait_until(lambda: fake.open_watches == 1)
+    fake.bookmark()  # a quiet node: authority comes back with the first bookmark
+    await wait_until(lambda: source.authoritative)
+    assert source.relists == 0
+
+
+async def test_unauthorized_never_becomes_ready(nursery: trio.Nursery, tmp_path: Path) -> None:
+    fake = FakeKubeApi(token="right")
+    await nursery.start(fake.serve)
+    kubeconfig = write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{fake.port}", "wrong")
+    source = await start_watch(nursery, KubeAccess(kubeconfig=kubeconfig))
+    await wait_until(lambda: len(fake.requests) >= 3)
+    assert not source.ready
+    assert all(r.authorization == "Bearer wrong" and not r.watch for r in fake.requests)
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+def _in_cluster(tmp_path: Path, ca: trustme.CA, port: int, token: str) -> KubeAccess:
+    sa = tmp_path / "serviceaccount"
+    sa.mkdir()
+    (sa / "token").write_text(token)
+    ca.cert_pem.write_to_path(str(sa / "ca.crt"))
+    env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(port)}
+    return KubeAccess.from_env(env, service_account_dir=str(sa))
+
+
+async def _serve_tls(
+    nursery: trio.Nursery, fake: FakeKubeApi, ca: trustme.CA, tmp_path: Path
+) -> None:
+    leaf = ca.issue_cert("127.0.0.1")
+    leaf.cert_chain_pems[0].write_to_path(str(tmp_path / "server.crt"))
+    for extra in leaf.cert_chain_pems[1:]:
+        extra.write_to_path(str(tmp_path / "server.crt"), append=True)
+    leaf.private_key_pem.write_to_path(str(tmp_path / "server.key"))
+    await nursery.start(
+        partial(
+            fake.serve, certfile=str(tmp_path / "server.crt"), keyfile=str(tmp_path / "server.key")
+        )
+    )
+
+
+async def test_in_cluster_tls_with_service_account(
+    nursery: trio.Nursery, tmp_path: Path, ca: trustme.CA
+) -> None:
+    fake = FakeKubeApi(token="sa-token")
+    await _serve_tls(nursery, fake, ca, tmp_path)
+    uid = fake.add_pod("a")
+    assert fake.port is not None
+    source = await start_watch(nursery, _in_cluster(tmp_path, ca, fake.port, "sa-token"))
+    await wait_until(lambda: source.authoritative and fake.open_watches == 1)
+    assert pod_uids(source) == {uid}
+    assert {r.authorization for r in fake.requests} == {"Bearer sa-token"}
+
+
+async def test_in_cluster_tls_rejects_an_unknown_ca(
+    nursery: trio.Nursery, tmp_path: Path, ca: trustme.CA
+) -> None:
+    fake = FakeKubeApi(token="sa-token")
+    await _serve_tls(nursery, fake, ca, tmp_path)
+    assert fake.port is not None
+    source = await start_watch(nursery, _in_cluster(tmp_path, trustme.CA(), fake.port, "sa-token"))
+    await trio.sleep(0.3)
+    assert not source.ready
+    assert fake.requests == []  # the handshake failed before any request was sent
+
+
+async def test_configuration_errors_fail_start_up(nursery: trio.Nursery, tmp_path: Path) -> None:
+    source = KubernetesPodSource("node-a")
+    with pytest.raises(PodSourceError, match="kubeconfig"):
+        await nursery.start(serve_pod_watch, source, KubeAccess(kubeconfig=str(tmp_path / "no")))
+    sa = KubeAccess(
+        service_host="127.0.0.1",
+        service_port="1",
+        token_path=str(tmp_path / "token"),
+        ca_path=str(tmp_path / "ca.crt"),
+    )
+    with pytest.raises(PodSourceError, match="token"):
+        await nursery.start(serve_pod_watch, source, sa)
+    assert not source.ready
+
+
+async def test_cancelled_watch_shuts_down_cleanly(fake: FakeKubeApi, access: KubeAccess) -> None:
+    tasks_before = _living_tasks()
+    async with trio.open_nursery() as inner:
+        source = await start_watch(inner, access)
+        await wait_until(lambda: fake.open_watches == 1)
+        inner.cancel_scope.cancel()
+    assert not source.authoritative
+    # The server sees the connection go away promptly.
+    await wait_until(lambda: fake.closed_watches == 1 and fake.open_watches == 0)
+    assert _living_tasks() == tasks_before
+    gc.collect()  # unclosed aiohttp sessions/connectors would warn here (warnings are errors)
+
+
+def _living_tasks() -> int:
+    return trio.lowlevel.current_statistics().tasks_living
+
+
+def _exportable(text: str) -> None:
+    assert isinstance(text, str)
+    text.encode("utf-8")  # no lone surrogate reaches labels or logs
+
+
+def _check_pod(pod: PodInfo) -> None:
+    for text in (pod.uid, pod.namespace, pod.name, *pod.containers, *pod.init_containers):
+        _exportable(text)
+    for key, value in (*pod.labels.items(), *pod.annotations.items()):
+        _exportable(key)
+        _exportable(value)
+    assert pod.uid
+    assert all(key.startswith("hami.io/") for key in pod.annotations)
+
+
+@given(st_metrics.pod_objects())
+def test_any_pod_object_decodes_to_exportable_text_or_raises_its_error(obj: object) -> None:
+    try:
+        pod = pod_info_from_object(obj)
+    except WatchDecodeError:
+        return
+    _check_pod(pod)
+
+
+@given(st_metrics.pod_lists())
+def test_a_bad_pod_costs_itself_never_the_list(body: str) -> None:
+    skipped: list[int] = []
+    rv, pods = parse_pod_list(body, on_skip=lambda index, exc: skipped.append(index))
+    assert rv == "9"
+    assert len(pods) + len(skipped) == len(json.loads(body)["items"])
+    for pod in pods:
+        _check_pod(pod)
+
+
+@given(st_metrics.pod_objects(), st_metrics.hostile_text())
+def test_any_watch_event_with_a_hostile_pod_decodes_or_raises_its_error(
+    obj: object, kind: str
+) -> None:
+    for event_type in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR", kind):
+        line = json.dumps({"type": event_type, "object": obj}).encode()
+        try:
+            event = parse_watch_event(line)
+        except WatchDecodeError:
+            continue
+        if event.pod is not None:
+            _check_pod(event.pod)
+        _exportable(event.resource_version)
+        _exportable(event.message)
