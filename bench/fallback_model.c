@@ -5,7 +5,7 @@
  * Without the broker, HAMi-core learns a process's host PID by creating a CUDA primary
  * context while it holds a node-wide lock (the "post init" lock, a file lock under
  * /tmp/vgpulock shared by every container on the node), so processes that start together
- * pass through that critical section one at a time (seed 000, "Purpose"; SPEC section 1).
+ * pass through that critical section one at a time.
  * Upstream measured the critical section at about 60 ms per process on a cold GPU: primary
  * context retain about 31 ms plus release about 12 ms plus the surrounding work
  * (HAMi issue 1662; UPSTREAM.md, "Why the broker matters").

@@ -43,7 +43,7 @@ class BrokerError(HamiTrioError):
     """The host PID broker failed after it started (for example a fatal accept error).
 
     Raised out of the broker's task; in the agent it cancels every other task and the process
-    exits non-zero so Kubernetes restarts it (SPEC B-20).  Operator: read the cause.
+    exits non-zero so Kubernetes restarts it.  Operator: read the cause.
     """
 
 
@@ -60,7 +60,7 @@ class LockDirError(HamiTrioError):
     """The shared lock parent (``/tmp/vgpulock``) could not be prepared safely.
 
     Raised by the allocation integration; the device plugin must fail that allocation rather
-    than return an unsafe mount (SPEC A-1).  The message names the path and the reason.
+    than return an unsafe mount.  The message names the path and the reason.
     """
 
 

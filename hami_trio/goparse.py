@@ -48,7 +48,7 @@ _COMPONENT = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
 def broker_switch_on(value: str | None) -> bool:
     """Tell whether a ``LIBVGPU_HOSTPID_BROKER`` value turns the broker on.
 
-    Only the exact string ``"1"`` is on (SPEC B-10, C-1): ``"true"``, ``" 1"``, ``"01"``,
+    Only the exact string ``"1"`` is on: ``"true"``, ``" 1"``, ``"01"``,
     ``"yes"``, ``""`` and an unset variable (``None``) are all off.  The rule is deliberately
     strict so that server, client and allocation always agree.
     """

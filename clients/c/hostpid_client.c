@@ -260,7 +260,7 @@ static uint32_t get_u32(const unsigned char *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
 
-/* Accept only magic HPID, version 1, status 0 and 0 < PID <= INT_MAX (C-4). */
+/* Accept only magic HPID, version 1, status 0 and 0 < PID <= INT_MAX. */
 static hostpid_status parse_response(const unsigned char *buf, pid_t *pid_out, const char *path,
                                      char *detail, size_t detail_len) {
     if (memcmp(buf, "HPID", 4) != 0) {

@@ -3,7 +3,7 @@
  *
  * This is what HAMi-core (inside every CUDA container) must do to learn the host PID of the
  * calling process from the broker, written as a small C99 library with no dependencies.  It
- * trusts an answer only after every check of SPEC C-1..C-4 passed; any failure is a
+ * trusts an answer only after every check below passed; any failure is a
  * "no answer" with a reason, and the caller falls back to its existing discovery path.
  *
  * Checks, in order (the first failing one is the reason reported):

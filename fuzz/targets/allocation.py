@@ -1,4 +1,4 @@
-"""Target ``allocation``: the allocation response merge and its JSON loader (SPEC A-3..A-6).
+"""Target ``allocation``: the allocation response merge and its JSON loader.
 
 The merge properties are stated once, in the allocation tests (tests/allocation/), and this
 target runs those very bodies (``test.hypothesis.inner_test``) over the same strategies for

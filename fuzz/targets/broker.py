@@ -1,4 +1,4 @@
-"""Target ``broker``: the live broker under hostile and clumsy clients (SPEC B-1..B-5, B-17).
+"""Target ``broker``: the live broker under hostile and clumsy clients.
 
 How this works: the target runs the real broker (``python -m hami_trio broker``, through the
 test harness's ``python_broker``) as a separate process for the whole target, with a short

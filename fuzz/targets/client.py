@@ -1,8 +1,8 @@
-"""Target ``client``: the broker client's pure decisions (``hami_trio.broker.client``, C-2..C-4).
+"""Target ``client``: the broker client's pure decisions (``hami_trio.broker.client``).
 
 The client trusts the broker only if every check passes; each decision is a pure function of
 a ``stat`` result, an ``errno`` or the bytes received, so it is fuzzed here without sockets.
-The oracles restate SPEC C-2/C-4 directly: a directory is trusted only if it is a directory
+The oracles restate the client's rules directly: a directory is trusted only if it is a directory
 owned by the expected uid, without group/other write bits, on a read-only mount; a socket
 path only if it is a socket owned by the expected uid; a response only if it is exactly 12
 bytes of magic, version 1, status 0 and 0 < PID < 2**31.  Whatever the input, the functions
@@ -57,7 +57,8 @@ def check_response(data: bytes) -> None:
 
 
 def check_directory_decision(st_result: os.stat_result, read_only: bool, expected: int) -> None:
-    """A directory is trusted only when all four conditions of C-2 hold."""
+    """A directory is trusted only when all four conditions hold (a directory, the
+    expected owner, no group/other write bit, a read-only mount)."""
     trusted = (
         stat.S_ISDIR(st_result.st_mode)
         and st_result.st_uid == expected

@@ -1,9 +1,9 @@
-"""Target ``codec``: the broker's wire codec (``hami_trio.broker.protocol``, SPEC B-2..B-6).
+"""Target ``codec``: the broker's wire codec (``hami_trio.broker.protocol``).
 
 The codec's contract (docs/protocol.md): ``parse_request`` turns *any* bytes into the one
 valid request or a :class:`ProtocolError` whose ``status`` is what to answer with -
 ``Status.INVALID_REQUEST`` (1) for 8 or more bytes that are not the valid request, ``None``
-("close without an answer", B-5) for fewer than 8 bytes; bytes after the first 8 never
+("close without an answer") for fewer than 8 bytes; bytes after the first 8 never
 matter.  ``parse_response`` accepts exactly the 12-byte responses of v1 and raises
 ``ProtocolError(status=None)`` for everything else.  Never any other exception.
 

@@ -1,4 +1,4 @@
-"""Target ``layout``: shared-region headers and whole ``.cache`` files (SPEC M-3, M-4, section 3).
+"""Target ``layout``: shared-region headers and whole ``.cache`` files.
 
 A tenant writes its ``.cache`` file; whatever it writes, the monitor must end with a snapshot
 or a typed rejection (:class:`~hami_trio.errors.CacheFileRejected`), never another exception,

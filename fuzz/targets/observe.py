@@ -1,4 +1,4 @@
-"""Target ``observe``: the Observe feedback step over random nodes (SPEC M-6, section 3).
+"""Target ``observe``: the Observe feedback step over random nodes.
 
 The feedback properties are stated once, in tests/monitor/test_feedback.py; this target runs
 those bodies over the same strategies for longer: agreement with a literal port of upstream

@@ -6,7 +6,7 @@ variable.  Where HAMi already has a name the row uses it (``HOOK_PATH``, ``NODE_
 an operator can carry HAMi's vGPUmonitor settings over unchanged; hami-trio's own settings
 fall back to ``HAMI_TRIO_<FLAG>``.  A value given as a flag wins over the variable, the
 variable over the default; an empty variable counts as unset.  The broker's switch is the
-variable ``LIBVGPU_HOSTPID_BROKER`` alone, on only for exactly ``1`` (SPEC B-10): the Helm
+variable ``LIBVGPU_HOSTPID_BROKER`` alone, on only for exactly ``1``: the Helm
 chart, the device plugin and HAMi-core all read the same variable.
 
 :func:`add_agent_arguments` puts the flags on a parser (every default is ``None``, so "not
@@ -15,7 +15,7 @@ an :class:`AgentConfig` out, no file or socket touched - and raises
 :class:`~hami_trio.errors.ConfigError` naming the flag or variable and the value it could not
 use.  :func:`check_host` then checks the one thing that needs the filesystem (``HOOK_PATH``
 exists).  Two rules come from HAMi and are kept: an invalid ``HAMI_RESYNC_INTERVAL`` is a
-warning and the default 5m (SPEC M-1), and ``NODE_NAME`` is required only when the
+warning and the default 5m, and ``NODE_NAME`` is required only when the
 Kubernetes API is used.  Warnings are returned in :attr:`AgentConfig.warnings`, to be logged
 once logging is configured.
 """
@@ -420,7 +420,7 @@ def _resync_interval(reader: _Reader, warnings: list[str]) -> float:
     except ConfigError as exc:
         if origin == "--resync-interval":
             raise  # a new flag: no compatibility to keep, an error like every other flag
-        # HAMi's rule for its variable: warn and use the default (SPEC M-1).
+        # HAMi's rule for its variable: warn and use the default.
         warnings.append(f"{exc}; using the default {DEFAULT_RESYNC_INTERVAL:g}s")
         reader.sources["resync_interval"] = "default"
         return DEFAULT_RESYNC_INTERVAL
@@ -625,7 +625,7 @@ def flag_argv(flags: Mapping[str, str | bool]) -> list[str]:
 
 
 def check_host(config: AgentConfig) -> None:
-    """Check what :func:`resolve_config` cannot without the filesystem (SPEC M-1).
+    """Check what :func:`resolve_config` cannot without the filesystem.
 
     Raises:
         ConfigError: the hook directory does not exist or is not a directory (named by the

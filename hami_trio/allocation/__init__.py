@@ -1,4 +1,4 @@
-"""The allocation integration a device plugin calls from ``Allocate`` (SPEC A-1..A-6).
+"""The allocation integration a device plugin calls from ``Allocate``.
 
 - :mod:`~hami_trio.allocation.lockdir` prepares the host's ``/tmp/vgpulock`` (descriptor-based,
   refuses symlinks, foreign owners and swaps, names the recovery, counts refusals; an explicit

@@ -1,7 +1,7 @@
 """``allocate``: the one call a device plugin makes per HAMi-core container.
 
-It composes the two halves of the allocation integration in the order the design requires
-(seed 000, SPEC A-1): first prepare the host's lock parent (file system, may refuse), then
+It composes the two halves of the allocation integration in the order the design requires:
+first prepare the host's lock parent (file system, may refuse), then
 merge the canonical mounts and the broker switch into the response (pure).  A refusal in the
 first half fails the allocation - the plugin returns the error to the kubelet and the pod does
 not start - so a response with an unsafe parent mount is never produced.  The preparation

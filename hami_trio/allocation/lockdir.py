@@ -2,7 +2,7 @@
 
 Every HAMi-core allocation mounts the host's ``/tmp/vgpulock`` writable into the container, and
 HAMi-core's lock files live there.  The device plugin runs as root and prepares it before each
-allocation (SPEC A-1, A-2).  Anyone who can write to the host's ``/tmp`` (another local user,
+allocation.  Anyone who can write to the host's ``/tmp`` (another local user,
 any pod with a ``hostPath`` mount of ``/tmp``) may try to make that root process chmod, or a
 workload mount, something they control - by planting a symlink or a foreign directory at the
 name, or by swapping it while we work.  So every step is relative to a descriptor, never to a

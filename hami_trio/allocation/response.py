@@ -8,7 +8,7 @@ to and from the JSON that Go's ``encoding/json`` writes for it (snake_case keys,
 omitted), so a Go device plugin can hand its response to ``hami-trio allocate``.
 
 :func:`configure_host_pid_broker` is the merge HAMi's device plugin applies to the response
-of every container that gets HAMi-core (SPEC A-3..A-6).  It never mutates its input; it
+of every container that gets HAMi-core.  It never mutates its input; it
 returns a new response in which:
 
 1. every reserved broker env key is gone, then - broker on - ``LIBVGPU_HOSTPID_BROKER=1`` is
@@ -329,7 +329,7 @@ def configure_host_pid_broker(
 ) -> ContainerAllocateResponse:
     """Apply the broker switch and the two canonical mounts to one container's response.
 
-    The rules are in this module's docstring (SPEC A-3..A-6).  Pure: ``response`` is not
+    The rules are in this module's docstring.  Pure: ``response`` is not
     changed; devices, annotations and CDI devices are carried over untouched.
 
     Args:

@@ -6,7 +6,7 @@ it did not create or cannot trust:
 
 1. **Owner.** The default path ``/var/run/hami/hostpid/broker.sock`` requires euid 0 and
    expects root to own everything; a custom path (tests, development) expects the current
-   euid (B-11).  Root may name another expected UID; it then hands what it creates to it.
+   euid.  Root may name another expected UID; it then hands what it creates to it.
 2. **Where the lock may live.** The socket's directory is bind-mounted (read-only) into
    every workload, and a read-only mount does not stop ``flock``: a lock file there could be
    taken by any workload process that is its owner - uid 0 with no capability at all - and
@@ -20,21 +20,21 @@ it did not create or cannot trust:
 4. **Lock** ``broker.lock``: opened with ``O_NOFOLLOW`` (a symlink is refused), created 0600,
    must be a regular file of the expected owner without group/other bits, and is held with
    ``flock(LOCK_EX | LOCK_NB)`` until :meth:`BrokerSocket.close`, so a second broker fails here
-   instead of replacing the first one's socket (B-13).
+   instead of replacing the first one's socket.
 5. **Socket directory** (the socket's parent): created with mode 0711 if missing; refused if
    it is a symlink, not a directory, owned by another UID or the lock directory itself under
-   another name; its mode is set to 0711 (B-12).  Everything below is decided relative to an
+   another name; its mode is set to 0711.  Everything below is decided relative to an
    open descriptor of this directory.
 6. **Socket path**: nothing there is fine; a non-socket or a socket of another owner is
    refused; a socket of the expected owner is probed with a 50 ms connect: live (another
-   server still answers) is refused, stale is removed (B-14).  Then a ``broker.lock`` that an
+   server still answers) is refused, stale is removed.  Then a ``broker.lock`` that an
    earlier version left in the socket directory is removed if it is a regular file of the
    expected owner (anything else there is left alone; this version never opens it, so no
    file in the socket directory can stop a broker from starting).
 7. **Bind**: a non-blocking listening socket, chmod 0666 so every workload UID can connect
-   (B-15; the 0711 directory and the read-only mount are the access boundary), its
+   (the 0711 directory and the read-only mount are the access boundary), its
    ``(st_dev, st_ino)`` recorded.  On close the path is unlinked only if it still names that
-   socket, so a replacement renamed into place by an operator survives (B-16).
+   socket, so a replacement renamed into place by an operator survives.
 
 Everything here is synchronous and bounded (the probe is the only wait, 50 ms); the trio
 server calls it once before it reports ready.  Modes are set explicitly after creation, so a
@@ -139,7 +139,7 @@ def _check_apart(socket_dir: Path, lock_dir: Path) -> None:
 
 
 def expected_owner(socket_path: Path, *, euid: int, expected_uid: int | None = None) -> int:
-    """Decide which UID must own the broker's directory, lock and socket (B-11).
+    """Decide which UID must own the broker's directory, lock and socket.
 
     Args:
         socket_path: absolute socket path.
@@ -223,7 +223,7 @@ class BrokerSocket:
         self.listener.close()
         if self._dir_fd is not None:
             # Only the directory's owner can rename something into place between the check
-            # and the unlink, and that is the broker's own UID: acceptable (B-16).
+            # and the unlink, and that is the broker's own UID: acceptable.
             _unlink_if_identity(self._dir_fd, self.path.name, self.identity)
 
     def close(self) -> None:
@@ -256,7 +256,7 @@ def _ensure_ancestors(directory: Path) -> None:
 
 
 def _open_directory(directory: Path, owner: int, euid: int, mode: int = DIR_MODE) -> int:
-    """Create or check the socket's (or lock's) directory (B-12); return a descriptor.
+    """Create or check the socket's (or lock's) directory; return a descriptor.
 
     The directory gets ``mode`` (0711 for the socket's, 0700 for the lock's).
     """
@@ -301,7 +301,7 @@ def _open_directory(directory: Path, owner: int, euid: int, mode: int = DIR_MODE
 
 
 def _acquire_lock(dir_fd: int, path: Path, owner: int, euid: int) -> int:
-    """Open, check and ``flock`` the lock file ``path`` in ``dir_fd`` (B-13); return its fd."""
+    """Open, check and ``flock`` the lock file ``path`` in ``dir_fd``; return its fd."""
     name = path.name
     # O_NONBLOCK: never hang on a FIFO planted at the lock path; it is refused below anyway.
     flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -371,7 +371,7 @@ def _is_live(path: Path) -> bool:
 
 
 def _clear_socket_path(dir_fd: int, path: Path, owner: int) -> None:
-    """Refuse what must not be replaced at the socket path; remove a stale socket (B-14)."""
+    """Refuse what must not be replaced at the socket path; remove a stale socket."""
     try:
         st = os.lstat(path.name, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -462,7 +462,7 @@ def _bind(
 
 
 def _unlink_if_identity(dir_fd: int, name: str, identity: tuple[int, int]) -> bool:
-    """Unlink ``name`` if it is a socket with ``identity`` (B-16); tell whether it did."""
+    """Unlink ``name`` if it is a socket with ``identity``; tell whether it did."""
     try:
         st = os.lstat(name, dir_fd=dir_fd)
     except OSError:
@@ -490,14 +490,16 @@ def open_broker_socket(
         lock_path: the lock file, or ``None`` for :func:`default_lock_path` (beside the
             socket's directory); its directory must be neither the socket's directory nor
             inside or above it.
-        expected_uid: owner to require, or ``None`` for the B-11 rule.
+        expected_uid: owner to require, or ``None`` for the default rule (root for the default
+            path, the current euid otherwise).
         backlog: ``listen()`` backlog (the kernel caps it at ``net.core.somaxconn``).
 
     Returns:
         The listening socket and the lock; call :meth:`BrokerSocket.close` when done.
 
     Raises:
-        BrokerStartupError: any refusal of B-11..B-14 or of the lock's place, naming the
+        BrokerStartupError: any refusal of the owner, directory, lock or socket checks
+            above, or of the lock's place, naming the
             path and the reason.  Nothing the broker did not create is changed or removed,
             except a stale socket of the expected owner, an earlier version's lock file of
             that owner in the socket's directory and the mode of a directory that owner

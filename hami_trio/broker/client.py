@@ -1,4 +1,4 @@
-"""The host PID broker's client side: what HAMi-core does, in Python (SPEC C-1..C-4).
+"""The host PID broker's client side: what HAMi-core does, in Python.
 
 How this works: :func:`query_host_pid` trusts the broker only after every check HAMi-core
 makes has passed, in this order (the first failing check is the :class:`Reason` reported):
@@ -28,7 +28,7 @@ what keeps its entries from being swapped before ``connect``.  ``connect`` runs 
 bounded by ``SO_SNDTIMEO`` (time left): a non-blocking ``AF_UNIX`` connect to a full backlog
 fails at once with ``EAGAIN`` instead of waiting for room.  Writes and reads then use socket
 timeouts set to the time left.  Any failure is a :class:`NoAnswer` value, never an exception:
-the caller falls back to its existing discovery path (C-3), and a PID is returned only when
+the caller falls back to its existing discovery path, and a PID is returned only when
 it came from a valid response.
 
 The decisions (what a ``stat`` result, an ``errno`` or a response means) are pure functions;
@@ -188,7 +188,8 @@ def classify_connect_error(path: Path, err: int) -> NoAnswer:
 
 
 def classify_response(path: Path, data: bytes) -> int | NoAnswer:
-    """Accept a response only if it is exactly what C-4 allows (pure).
+    """Accept a response only if it is exactly what the protocol allows: 12 bytes, the magic,
+    version 1, status 0 and 0 < PID < 2**31 (pure).
 
     Args:
         path: the socket path, for the message.

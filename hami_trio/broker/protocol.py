@@ -1,4 +1,4 @@
-"""Wire protocol v1 of the host PID broker: a sans-I/O codec (SPEC B-1..B-6).
+"""Wire protocol v1 of the host PID broker: a sans-I/O codec.
 
 How this works: one Unix stream connection carries exactly one request and one response,
 then closes.  All integers are unsigned and big-endian (network byte order)::
@@ -15,13 +15,13 @@ is ``48 50 49 44 00 01 00 00`` followed by the PID; the answer to an invalid req
 ``48 50 49 44 00 01 00 01 00 00 00 00``.
 
 This module only turns bytes into values and values into bytes: no sockets, no trio, no
-clock, so it can be fuzzed in isolation (B-6).  Parsing errors raise :class:`ProtocolError`,
+clock, so it can be fuzzed in isolation.  Parsing errors raise :class:`ProtocolError`,
 which carries the status the server should answer with, or ``None`` when the right reaction
-is to close without an answer (a short request, B-5, or any defect in a *response*, which a
+is to close without an answer (a short request, or any defect in a *response*, which a
 client never answers).  :class:`RequestReader` accumulates a request that arrives in pieces.
 
 The PID is never part of a request: the server takes it from the kernel (``SO_PEERCRED``)
-after the request validated (B-4), so nothing here accepts a PID from the peer.
+after the request validated, so nothing here accepts a PID from the peer.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class ProtocolError(Exception):
 
     Raised by the parsers.  ``status`` is what the server should answer with
     (:attr:`Status.INVALID_REQUEST` for a complete but invalid request), or ``None`` when no
-    answer must be sent: a request shorter than 8 bytes (B-5) or a malformed response (a
+    answer must be sent: a request shorter than 8 bytes or a malformed response (a
     client never replies; it falls back to its other discovery path).
     """
 
@@ -128,7 +128,7 @@ class Response:
         if self.status is Status.OK and self.pid == 0:
             raise ValueError("a successful response needs a PID > 0")
         if self.status is not Status.OK and self.pid != 0:
-            raise ValueError("a failed response carries PID 0 (B-3)")
+            raise ValueError("a failed response carries PID 0")
 
     def encode(self) -> bytes:
         """The 12 bytes of this response."""
@@ -145,7 +145,7 @@ def parse_request(data: bytes | bytearray | memoryview) -> Request:
     """Validate a request.
 
     Args:
-        data: the bytes received; at least 8.  Bytes after the first 8 are ignored (B-5).
+        data: the bytes received; at least 8.  Bytes after the first 8 are ignored.
 
     Returns:
         The request (always ``Request()`` in protocol v1).
@@ -173,7 +173,7 @@ def encode_response(pid: int) -> bytes:
         pid: the caller's host PID, 1..2**32-1.
 
     Raises:
-        ValueError: the PID is out of range (a PID <= 0 must get no answer at all, B-4).
+        ValueError: the PID is out of range (a PID <= 0 must get no answer at all).
     """
     if not 0 < pid <= MAX_PID:
         raise ValueError(f"PID {pid} cannot be answered")
@@ -181,7 +181,7 @@ def encode_response(pid: int) -> bytes:
 
 
 def parse_response(data: bytes | bytearray | memoryview) -> Response:
-    """Validate a response the way a client must before trusting it (C-4).
+    """Validate a response the way a client must before trusting it.
 
     Args:
         data: everything read from the connection until EOF or 12 bytes.
@@ -214,7 +214,7 @@ class RequestReader:
     """Accumulate a request that arrives in pieces (a stream may split it anywhere).
 
     ``feed(chunk)`` returns ``None`` until 8 bytes have arrived, then the request; extra bytes
-    are ignored (B-5).  A complete but invalid request raises :class:`ProtocolError` with
+    are ignored.  A complete but invalid request raises :class:`ProtocolError` with
     ``status=Status.INVALID_REQUEST``.  Validation waits for all 8 bytes on purpose: the
     protocol answers only complete requests, and a peer that stops early gets no answer.
     """

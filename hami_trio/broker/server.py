@@ -1,4 +1,4 @@
-"""The host PID broker server on trio (SPEC B-1..B-5, B-17, B-18, B-20).
+"""The host PID broker server on trio.
 
 How this works: trio has no Unix-socket listener that is fast enough for microsecond
 exchanges (every ``trio.socket`` call and every task spawn is a trip through the scheduler),
@@ -13,16 +13,16 @@ so the broker drives a raw non-blocking listening socket itself:
    after the whole batch (which gives their writers a few more microseconds).
 3. **Slow path.** A connection still incomplete after the retry needs a slot: one token of a
    :class:`trio.CapacityLimiter` taken *without waiting*.  If every slot is taken the
-   connection is closed at once and counted ``rejected_full`` (B-17, never queued).  Otherwise
+   connection is closed at once and counted ``rejected_full`` (never queued).  Otherwise
    a task in the broker's nursery reads the rest under one deadline that covers the whole
    exchange from the moment of accept; at the deadline it is closed without an answer.
 
-A complete request is validated before anything else (B-4): invalid -> status 1 and PID 0;
+A complete request is validated before anything else: invalid -> status 1 and PID 0;
 valid -> the peer's PID from ``SO_PEERCRED`` of the connected socket, as the kernel reports it
-in the broker's PID namespace (B-18); a PID <= 0 or a credential error -> closed without an
+in the broker's PID namespace; a PID <= 0 or a credential error -> closed without an
 answer.  Errors of one connection never leave its exchange.  Transient accept errors (out of
 file descriptors or memory) back off 5 ms doubling to 1 s; any other accept error ends the
-broker with :class:`~hami_trio.errors.BrokerError` (B-20).
+broker with :class:`~hami_trio.errors.BrokerError`.
 
 The connection-pressure policy and its limits are documented in ``docs/security.md``: in
 short, clients that send their request promptly never need a slot, so idle connections can
@@ -100,7 +100,7 @@ LISTEN_BACKLOG: Final = 4096
 _BACKOFF_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _BACKOFF_FIRST: Final = 0.005
 _BACKOFF_MAX: Final = 1.0
-# Read a little more than a request so a few trailing bytes (ignored, B-5) are drained and the
+# Read a little more than a request so a few trailing bytes (ignored) are drained and the
 # close does not turn into ECONNRESET on the client's side.
 _RECV_SIZE: Final = 64
 _UCRED: Final = struct.Struct("=iII")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
@@ -130,7 +130,7 @@ class BrokerConfig:
             connection that needs a slot while all are taken is closed at once.
         exchange_deadline: seconds one exchange may take from accept to answer.
         expected_uid: owner required of the directory, lock and socket; ``None`` for the
-            rule of SPEC B-11 (root for the default path, the current euid otherwise).
+            default rule (root for the default path, the current euid otherwise).
 
     Raises:
         ConfigError: a value is out of range (named in the message).
@@ -247,7 +247,7 @@ class _Server:
                 except ProtocolError:
                     conn.send(INVALID_RESPONSE, _SEND_FLAGS)
                     return "invalid"
-            # Validated first, then the kernel's credentials of the connected peer (B-4).
+            # Validated first, then the kernel's credentials of the connected peer.
             pid = _UCRED.unpack(
                 conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED_SIZE)
             )[0]

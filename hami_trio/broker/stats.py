@@ -39,7 +39,7 @@ Outcome = Literal["ok", "invalid", "timeout", "eof", "rejected_full", "evicted",
 #: deadline expired before 8 bytes came; ``eof`` the peer closed before 8 bytes; ``rejected_full``
 #: closed at accept because every slot was taken; ``peer_error`` a socket error or an unusable
 #: peer credential (PID <= 0), closed without answer; ``evicted`` is part of the shared metric
-#: contract but this broker never evicts (SPEC B-17 closes the newcomer instead), so it stays 0.
+#: contract but this broker never evicts (a full broker closes the newcomer instead), so it stays 0.
 OUTCOMES: Final[tuple[Outcome, ...]] = (
     "ok",
     "invalid",

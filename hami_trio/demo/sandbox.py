@@ -238,7 +238,7 @@ def enter_container(spec: SandboxSpec) -> None:
         container_fd = os.open(spec.container_dir, flags)
         try:
             _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=16m")
-            # The layout the device plugin's allocation gives a container (SPEC ).
+            # The layout the device plugin's allocation gives a container.
             SANDBOX_BROKER_DIR.parent.mkdir(mode=0o755)
             SANDBOX_BROKER_DIR.parent.chmod(0o1777)
             SANDBOX_BROKER_DIR.mkdir(mode=0o755)

@@ -1,4 +1,4 @@
-"""Observe: HAMi's priority feedback as a pure function (SPEC M-6).
+"""Observe: HAMi's priority feedback as a pure function.
 
 Every tick the monitor hands :func:`observe` one snapshot per container and applies the
 writes it returns.  The decisions are HAMi's own (``cmd/vGPUmonitor/feedback.go``):

@@ -77,7 +77,7 @@ class Format(enum.Enum):
 
 
 class ControlField(enum.Enum):
-    """The two 32-bit words the monitor writes back (SPEC M-6)."""
+    """The two 32-bit words the monitor writes back."""
 
     RECENT_KERNEL = "recent_kernel"
     UTILIZATION_SWITCH = "utilization_switch"

@@ -11,7 +11,7 @@ and runs, every ``interval`` seconds of ``trio.current_time()`` (default 5 s):
 Each tick runs under its own deadline (``tick_deadline``, default: the interval); a tick that
 overruns is abandoned at its next checkpoint, logged, and nothing of it is published.
 
-MIG lock (SPEC M-7).  While ``/tmp/hami/hami-mig-apply.lock`` (configurable) exists, the
+MIG lock.  While ``/tmp/hami/hami-mig-apply.lock`` (configurable) exists, the
 feedback loop's cancel scope is cancelled and no shared region is read or written; the loop
 resumes (with an immediate tick) once the lock is gone.  The lock is watched with inotify on
 its directory (``inotify_simple`` under ``trio.lowlevel.wait_readable``), which cancels a

@@ -151,7 +151,7 @@ class StaticInfo:
 
 @dataclass(frozen=True, slots=True)
 class UsageSnapshot:
-    """Everything the monitor knows about one region at one instant (SPEC M-4).
+    """Everything the monitor knows about one region at one instant.
 
     ``devices`` has ``device_count`` entries; ``uuids`` always has 16 (every UUID slot, as
     the feedback step needs) and ``device_keys`` holds the raw bytes of those that are valid

@@ -38,7 +38,7 @@ def test_allocate_prepares_then_merges(lock: Path, enabled: bool) -> None:
         owner=ME,
         broker_host_dir="/run/hostpid",
     )
-    # Prepared even with the broker off (SPEC A-1): HAMi-core's fallback locks live there.
+    # Prepared even with the broker off: HAMi-core's fallback locks live there.
     assert stat.S_IMODE(os.lstat(lock).st_mode) == 0o1777
     assert out == configure_host_pid_broker(
         response, enabled, lock_parent_host=str(lock), broker_host_dir="/run/hostpid"

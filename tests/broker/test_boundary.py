@@ -1,4 +1,4 @@
-"""The filesystem boundary (SPEC B-11..B-16): every refusal on its own, and what is created."""
+"""The filesystem boundary: every refusal on its own, and what is created."""
 
 from __future__ import annotations
 
@@ -449,7 +449,7 @@ def test_refuses_too_long_path(base_dir: Path) -> None:
     refused(path, "cannot bind")
 
 
-# -- who must own it (B-11) ------------------------------------------------------------------
+# -- who must own it ------------------------------------------------------------------
 
 
 def test_expected_owner_rule() -> None:

@@ -1,4 +1,4 @@
-"""The broker server over real Unix sockets (SPEC B-1..B-5, B-17, B-18, B-20)."""
+"""The broker server over real Unix sockets."""
 
 from __future__ import annotations
 
@@ -132,7 +132,7 @@ async def test_forked_client_in_new_pid_namespace_gets_its_host_pid(socket_path:
 @pytest.mark.slow
 async def test_peer_invisible_to_the_broker_gets_no_reply(socket_path: Path) -> None:
     # A broker inside a child PID namespace cannot see this test process: the kernel
-    # reports PID 0 for it, and the broker must close without guessing (B-4).
+    # reports PID 0 for it, and the broker must close without guessing.
     argv = namespace_argv(
         [sys.executable, "-m", "hami_trio", "broker", "--socket-path", str(socket_path)]
     )

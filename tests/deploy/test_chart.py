@@ -214,7 +214,7 @@ def test_strict_validation_is_not_vacuous() -> None:
         kubernetes_validate.validate(bad, KUBE_VERSIONS[-1], strict=True)
 
 
-# --- the broker switch (SPEC H-1, H-2) ------------------------------------------------------
+# --- the broker switch ------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -239,7 +239,7 @@ def test_broker_on_sets_switch_mount_and_socket_path(chart: Any, values: dict[st
     assert broker_bits(by_kind) == dict.fromkeys(("env", "mount", "volume", "flag"), True)
     pod = only(by_kind, "DaemonSet")["spec"]["template"]["spec"]
     container = agent(by_kind)
-    # Exactly "1": the only value that turns the broker on (SPEC B-10).
+    # Exactly "1": the only value that turns the broker on.
     assert env_of(container)["LIBVGPU_HOSTPID_BROKER"] == {
         "name": "LIBVGPU_HOSTPID_BROKER",
         "value": "1",

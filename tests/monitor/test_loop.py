@@ -1,4 +1,4 @@
-"""The tick loop: configuration (M-1), feedback written back, MIG pause (M-7), stop, metrics.
+"""The tick loop: configuration, feedback written back, MIG pause, stop, metrics.
 
 Time-dependent tests run on trio's MockClock (``autojump_clock``): virtual seconds, exact
 tick counts, no sleeping.  The MIG lock is a real file watched by real inotify.
@@ -31,7 +31,7 @@ from hami_trio.pods.source import PodInfo, StaticPodSource
 from hami_trio.testing.regions import RegionSpec, SimulatedWorkload, write_region
 from tests.sandbox import NOBODY, run_in_child, world_readable_dir
 
-# -- configuration (M-1) ---------------------------------------------------------------------
+# -- configuration ---------------------------------------------------------------------
 
 
 def test_prepare_lock_dir(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -58,7 +58,7 @@ def request_bytes() -> st.SearchStrategy[bytes]:
 
 
 def trailing_bytes() -> st.SearchStrategy[bytes]:
-    """What a client might send after its 8 bytes (ignored by the server, B-5)."""
+    """What a client might send after its 8 bytes (ignored by the server)."""
     return st.binary(max_size=32)
 
 
