@@ -20,8 +20,10 @@ __all__ = [
     "STOP_SIGNALS",
     "StartRecorder",
     "freeze_startup_objects",
+    "leaf_errors",
     "relay_signals",
     "signal_name",
+    "sole_error",
 ]
 
 #: The signals a long-running command stops on (Kubernetes sends SIGTERM, a terminal SIGINT).
@@ -81,3 +83,20 @@ class StartRecorder:
     def started(self, value: Any = None) -> None:
         self.done = True
         self._inner.started(value)
+
+
+def leaf_errors(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The exceptions inside ``group`` and its nested groups, depth first, in order."""
+    leaves: list[BaseException] = []
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            leaves.extend(leaf_errors(exc))
+        else:
+            leaves.append(exc)
+    return leaves
+
+
+def sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The one error out of a (nested) exception group, or None when there are several."""
+    leaves = leaf_errors(group)
+    return leaves[0] if len(leaves) == 1 else None

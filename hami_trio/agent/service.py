@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import trio
 from prometheus_client import CollectorRegistry
 
-from hami_trio._trio import STOP_SIGNALS, StartRecorder, relay_signals, signal_name
+from hami_trio._trio import STOP_SIGNALS, StartRecorder, leaf_errors, relay_signals, signal_name
 from hami_trio.agent.config import AgentConfig
 from hami_trio.broker.server import BrokerHandle
 from hami_trio.errors import AgentError, HamiTrioError
@@ -109,13 +109,7 @@ def _public_error(failure: _TaskFailure) -> HamiTrioError:
 
 
 def _task_failures(group: BaseExceptionGroup[BaseException]) -> list[_TaskFailure]:
-    found: list[_TaskFailure] = []
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            found.extend(_task_failures(exc))
-        elif isinstance(exc, _TaskFailure):
-            found.append(exc)
-    return found
+    return [exc for exc in leaf_errors(group) if isinstance(exc, _TaskFailure)]
 
 
 class AgentHandle:

@@ -45,7 +45,7 @@ from typing import Any, Final, Protocol, TextIO
 
 import trio
 
-from hami_trio._trio import StartRecorder
+from hami_trio._trio import StartRecorder, sole_error
 from hami_trio.demo.report import RunRecord, WorkloadRecord, render_summary, summarize
 from hami_trio.demo.sandbox import NOBODY, SANDBOX_CACHE_DIR
 from hami_trio.demo.scenario import (
@@ -535,20 +535,6 @@ async def _run(
     _check_leftovers(record, paths)
 
 
-def _sole_error(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
-    leaves: list[BaseException] = []
-
-    def walk(exc: BaseException) -> None:
-        if isinstance(exc, BaseExceptionGroup):
-            for inner in exc.exceptions:
-                walk(inner)
-        else:
-            leaves.append(exc)
-
-    walk(group)
-    return leaves[0] if len(leaves) == 1 else None
-
-
 async def run_demo(
     options: DemoOptions, *, serve_agent: AgentServer, out: TextIO | None = None
 ) -> dict[str, Any]:
@@ -601,7 +587,7 @@ async def run_demo(
         try:
             await _run(record, paths, options, serve_agent, screen)
         except BaseExceptionGroup as group:
-            only = _sole_error(group)
+            only = sole_error(group)
             if isinstance(only, HamiTrioError):
                 raise only from None
             raise
