@@ -191,3 +191,18 @@ def test_doc_vector_matches_codec(
     case: str, request_: bytes, pid: int, response: bytes | None
 ) -> None:
     assert expected_answer(request_, pid) == response, case
+
+
+@given(st_protocol.request_bytes(), st_protocol.trailing_bytes())
+def test_the_servers_prefix_compare_is_exactly_parse_requests_acceptance(
+    request: bytes, trailing: bytes
+) -> None:
+    # The broker's inline fast path accepts a request with one startswith(VALID_REQUEST);
+    # that is only right while protocol v1 has exactly one valid request.
+    data = request + trailing
+    try:
+        parse_request(data)
+        accepted = True
+    except ProtocolError:
+        accepted = False
+    assert data.startswith(VALID_REQUEST) is accepted
