@@ -1,63 +1,15 @@
 """The Prometheus collector of the vGPU monitor: upstream's metrics from the latest snapshots.
 
-How this works.  :class:`VGpuCollector` is a custom prometheus-client collector registered
-into an injected registry.  Each scrape (in a worker thread, see
-:mod:`hami_trio.metrics.http`) it reads:
-
-- the monitor's latest completed tick - an immutable mapping of containers to
-  ``UsageSnapshot`` values - never a ``.cache`` file, so a scrape cannot race a tenant rewriting
-  its file or the lister unmapping it, and costs no I/O;
-- the pod source, to name each container's pod (``namespace``, ``pod``), and, with
-  Kubernetes, the pods' MIG allocation annotations;
-- the NVML sampler, for the host GPU families (absent without NVML, and while the MIG lock
-  holds the monitor the sampler is paused and its handles released).
-
-It exports every container metric of HAMi's vGPUmonitor with the same names, help texts and
-labels, and the collector-wide ``zone="vGPU"`` label upstream adds with a wrapping registerer:
-
-- ``hami_vgpu_memory_used_bytes``, ``hami_container_device_memory_bytes``: the sum of the
-  live slots' ``total`` per device;
-- ``hami_vgpu_memory_limit_bytes``: ``limit[i]``;
-- ``hami_container_device_utilization_ratio``: the sum of ``sm_util``;
-- ``hami_vgpu_memory_{context,module,buffer}_bytes``: the sums of those slot fields;
-- ``hami_container_last_kernel_elapsed_seconds``: ``now - last_kernel_time``, only if > 0;
-- ``hami_mig_device_info``: 1 per realised MIG allocation of the pod annotation.
-
-Container labels are ``namespace, pod, container, vdevice_index, device_uuid`` (the first 40
-bytes of the UUID field, NULs removed); devices whose UUID slot is unused or not UTF-8 are
-skipped.  Pod resolution follows upstream: with Kubernetes, a container is exported only when
-its pod is known, carries the ``hami.io/vgpu-node=<node>`` label HAMi's scheduler sets, and
-lists the container in ``spec.containers``; without Kubernetes (``StaticPodSource``) every
-container is exported with ``namespace=""`` and ``pod=<PodUID>``.
-
-``legacy=True`` adds upstream's ``--legacy-metrics`` families with their old names and labels
-(``podnamespace, podname, ctrname, vdeviceid, deviceuuid``; ``Device_memory_desc_of_container``
-also carries ``context, module, data, offset``, where ``offset = total - context - module -
-data`` wraps modulo 2**64 like Go's uint64 arithmetic).
-
-Our own families here: ``hami_trio_container_blocked{namespace,pod,container}`` (1 while the
-monitor holds the container blocked, ``recent_kernel < 0``),
-``hami_trio_collector_errors_total{phase}`` (below) and, from :class:`BuildInfoCollector`,
-``hami_build_info{version,python_version,trio_version} 1``.
-
-Tenant data never fails a scrape.  Pod names, container names (directory names, decoded with
-surrogate escapes when they are not UTF-8) and the MIG annotation are written by tenants, so
-every part of a scrape is isolated:
-
-- ``container``: one container's rows are built as a unit; if anything raises (a label value
-  that cannot be encoded as UTF-8, say) only that container's rows are dropped;
-- ``mig``: an annotation the decoder refuses (see :mod:`hami_trio.pods.migalloc` for its
-  bounds) or any failure while building one pod's MIG rows drops that pod's MIG rows only;
-- ``pods``: the pod source failing to list its pods drops the MIG rows of this scrape;
-- ``host``: the NVML sampler failing drops the host GPU families of this scrape.
-
-Each drop adds 1 to ``hami_trio_collector_errors_total{phase}`` (a refused annotation counts
-once per value, since decoding is cached; the other phases count per scrape) and logs a
-warning naming the pod or container, at most one per pod or container per
-:data:`WARNING_INTERVAL` seconds.
-
-The collector depends only on the shape of the monitor's read-only view (the protocols
-below), not on its implementation.
+How this works: :class:`VGpuCollector` is registered into the agent's registry; each scrape
+(in a worker thread, see :mod:`hami_trio.metrics.http`) reads the monitor's latest completed
+tick (immutable snapshots, never a ``.cache`` file), the pod source (pod names and, with
+Kubernetes, the MIG allocation annotations) and the NVML sampler, and renders HAMi
+vGPUmonitor's families with their names, help texts and labels through the fast renderer of
+:mod:`hami_trio.metrics.exposition`.  Tenant data never fails a scrape: a failure costs only
+its own container's rows (``container``), pod's MIG rows (``mig``), this scrape's MIG rows
+(``pods``) or host families (``host``), counted in ``hami_trio_collector_errors_total{phase}``
+and logged at most once per :data:`WARNING_INTERVAL` per pod or container.  The collector
+depends only on the read-only view protocols below.  Every family and label: docs/metrics.md.
 """
 
 from __future__ import annotations

@@ -1,37 +1,14 @@
-"""The Kubernetes pod watch: which pods run on this node, kept live with list + watch.
+"""The Kubernetes pod watch: this node's pods, kept live with list + watch.
 
-How this works.  :func:`serve_pod_watch` lists the pods of this node
-(``fieldSelector=spec.nodeName=$NODE_NAME``), publishes them in a
-:class:`KubernetesPodSource`, then watches from the list's ``resourceVersion`` with
-bookmarks.  Each event replaces the source's immutable ``uid -> PodInfo`` mapping (copy on
-write), so readers in other tasks or threads - the monitor's lister, a metrics scrape in a
-worker thread - always see one consistent set without locks.  Failures are handled like
-client-go's reflector:
-
-- a watch that ends normally (the server's ``timeoutSeconds``) is resumed from the last
-  resource version, without a new list;
-- ``410 Gone`` / ``Expired`` (as an HTTP status or an ``ERROR`` event) and undecodable events
-  relist, and the new list replaces the set, so nothing is lost or duplicated;
-- connection errors, TLS errors and other HTTP errors back off exponentially with jitter
-  (capped) and retry; the last known pod set stays as it is, but the source stops being
-  *authoritative* until the resumed watch has delivered an event or a bookmark (or a new
-  list succeeded), so the lister deletes nothing for pods it might have missed.
-
-The source is *ready* after the first successful list and stays ready (a node whose API
-server is briefly unreachable must keep serving metrics); ``hami_trio_pod_watch_synced`` shows
-the live state (1 only while connected and in sync).
-
-The Kubernetes client is kubernetes-asyncio (aiohttp), the only asyncio code in hami-trio.
-It runs on a trio-asyncio loop opened by :func:`serve_pod_watch` inside the caller's trio
-task: every await into asyncio goes through ``trio_asyncio.aio_as_trio``, so trio
-cancellation reaches the HTTP request, and all state changes happen in trio code.  We call the
-generated API with ``_preload_content=False`` and decode the JSON ourselves (pure functions
-below), which keeps the models' slow deserialisation out of the loop and lets us keep only the
-fields the monitor uses.
-
-Start-up never waits for the API server: ``task_status.started()`` is called once the client
-is configured (a bad kubeconfig or a missing service account fails start-up with
-:class:`~hami_trio.errors.PodSourceError`); readiness follows the first list.
+How this works: :func:`serve_pod_watch` lists the node's pods, publishes them in a
+:class:`KubernetesPodSource` (an immutable ``uid -> PodInfo`` mapping, replaced on every event,
+so readers in any task or thread need no lock), then watches from the list's resource version.
+A normal end resumes, ``410 Gone`` relists, other failures back off with jitter and keep the
+last set, but the source is not *authoritative* (the lister deletes nothing) until the resumed
+watch delivered something.  kubernetes-asyncio runs on a trio-asyncio loop opened inside the
+caller's task, every await through ``aio_as_trio``; this is the only asyncio module.  The JSON
+is decoded by the pure :mod:`hami_trio.pods.decode`.  Start-up never waits for the API server.
+Details, states and the reasons: docs/pod-watch.md.
 """
 
 from __future__ import annotations
