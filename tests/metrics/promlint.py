@@ -1,11 +1,12 @@
 """A Python rendition of ``promtool check metrics`` (client_golang's promlint default rules).
 
-CI has no promtool, so the metrics tests lint the exposition text with these rules, written
-from promlint's documented behaviour: help text present; base units; ``_total`` only and
-always on counters; ``_bucket``/``_count``/``_sum`` and ``le``/``quantile`` reserved for
-histograms and summaries; no type name in a metric name; no ``:``; no camelCase metric or
-label names; no abbreviated units.  When a ``promtool`` binary is on PATH the tests run it on
-the same text as well, which keeps this rendition honest.
+The metrics tests lint the exposition text with these rules wherever they run (a developer's
+machine often has no promtool), written from promlint's documented behaviour: help text
+present; base units; ``_total`` only and always on counters; ``_bucket``/``_count``/``_sum``
+and ``le``/``quantile`` reserved for histograms and summaries; no type name in a metric name;
+no ``:``; no camelCase metric or label names; no abbreviated units.  When a ``promtool``
+binary is on PATH (CI installs one, see .ci/run) the tests run it on the same text as well,
+which keeps this rendition honest.
 """
 
 from __future__ import annotations
