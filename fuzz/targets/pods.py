@@ -1,7 +1,7 @@
 """Target ``pods``: the pod watch's decoders of pod objects, pod lists and watch lines.
 
 Pod names, labels and annotations are written by whoever creates the pod, and the objects
-arrive through the API server.  The properties are stated in tests/pods/test_watch.py and
+arrive through the API server.  The properties are stated in tests/pods/test_decode.py and
 run here for longer (``test.hypothesis.inner_test``):
 
 - ``pod_object``: any object -> a ``PodInfo`` whose every string is encodable (lone
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from fuzz.campaign import Property, Target
-from tests.pods import test_watch as test_pods
+from tests.pods import test_decode as test_pods
 from tests.strategies import metrics as st_metrics
 
 __all__ = ["TARGET"]

@@ -1,5 +1,5 @@
-"""Tests of the pod watch: pure decoders and backoff, then the real kubernetes-asyncio client
-over real HTTP(S) against :mod:`tests.pods.fake_kube`.
+"""Tests of the pod watch: backoff, settings and the source, then the real kubernetes-asyncio
+client over real HTTP(S) against :mod:`tests.pods.fake_kube`.
 
 The network tests run on the real clock with millisecond backoff settings: MockClock's
 autojump would treat waiting for a loopback socket as idle time and fire the client's
@@ -19,24 +19,13 @@ from pathlib import Path
 import pytest
 import trio
 import trustme
-from hypothesis import given
 from prometheus_client import CollectorRegistry
 
 from hami_trio.errors import ConfigError, PodSourceError
-from hami_trio.pods.access import KubeAccess, validate_node_name
-from hami_trio.pods.decode import (
-    WatchDecodeError,
-    WatchEvent,
-    apply_watch_event,
-    parse_pod_list,
-    parse_status,
-    parse_watch_event,
-    pod_info_from_object,
-)
+from hami_trio.pods.access import KubeAccess
 from hami_trio.pods.source import PodInfo, PodSource
 from hami_trio.pods.watch import Backoff, KubernetesPodSource, WatchSettings, serve_pod_watch
 from tests.pods.fake_kube import FakeKubeApi
-from tests.strategies import metrics as st_metrics
 
 FAST = WatchSettings(
     backoff_initial=0.02,
@@ -49,204 +38,7 @@ FAST = WatchSettings(
 )
 
 
-# Pure parts --------------------------------------------------------------------------------
-
-
-def _pod(uid: str = "u1", **meta: object) -> dict[str, object]:
-    return {
-        "metadata": {"uid": uid, "namespace": "ns", "name": "p", "resourceVersion": "7", **meta},
-        "spec": {
-            "containers": [{"name": "a"}, {"name": "b"}, {"image": "no-name"}, "junk"],
-            "initContainers": [{"name": "init"}],
-        },
-    }
-
-
-def test_pod_info_keeps_what_the_monitor_uses() -> None:
-    obj = _pod(
-        annotations={
-            "hami.io/vgpu-mig-allocations": "[]",
-            "kubectl.kubernetes.io/last-applied-configuration": "x" * 1000,
-            "hami.io/n": 3,
-        },
-        labels={"hami.io/vgpu-node": "node-a", "app": "x", "bad": None},
-    )
-    info = pod_info_from_object(obj)
-    assert info == PodInfo(
-        uid="u1",
-        namespace="ns",
-        name="p",
-        containers=("a", "b"),
-        init_containers=("init",),
-        annotations={"hami.io/vgpu-mig-allocations": "[]"},
-        labels={"hami.io/vgpu-node": "node-a", "app": "x"},
-    )
-    assert "kubectl.kubernetes.io/last-applied-configuration" in (
-        pod_info_from_object(obj, annotation_prefixes=None).annotations
-    )
-
-
-@pytest.mark.parametrize(
-    "obj",
-    [None, [], {"spec": {}}, {"metadata": []}, {"metadata": {"uid": ""}}, {"metadata": {"uid": 5}}],
-)
-def test_pod_without_uid_is_rejected(obj: object) -> None:
-    with pytest.raises(WatchDecodeError):
-        pod_info_from_object(obj)
-
-
-def test_parse_pod_list() -> None:
-    body = json.dumps(
-        {"kind": "PodList", "metadata": {"resourceVersion": "42"}, "items": [_pod("a"), _pod("b")]}
-    )
-    rv, pods = parse_pod_list(body)
-    assert rv == "42"
-    assert [p.uid for p in pods] == ["a", "b"]
-    assert parse_pod_list(b'{"metadata": {"resourceVersion": "1"}, "items": null}') == ("1", ())
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        b"not json",
-        b"\xff\xfe",
-        b"[]",
-        b'{"items": []}',
-        b'{"metadata": {"resourceVersion": ""}, "items": []}',
-        b'{"metadata": {"resourceVersion": "1"}, "items": {}}',
-        b'{"metadata": {"resourceVersion": "1"}, "items": ' + b"[" * 100_000 + b"]" * 100_000,
-    ],
-)
-def test_parse_pod_list_rejects_malformed(body: bytes) -> None:
-    with pytest.raises(WatchDecodeError):
-        parse_pod_list(body)
-
-
-def test_parse_pod_list_leaves_out_bad_items_only() -> None:
-    good = {"metadata": {"uid": "a", "name": "a"}}
-    other = {"metadata": {"uid": "b", "name": "b"}}
-    body = json.dumps(
-        {
-            "metadata": {"resourceVersion": "7"},
-            "items": [good, {"metadata": {}}, 5, {"metadata": {"uid": 3}}, other],
-        }
-    )
-    skipped: list[tuple[int, str]] = []
-    rv, pods = parse_pod_list(body, on_skip=lambda i, exc: skipped.append((i, str(exc))))
-    assert rv == "7"
-    assert [pod.uid for pod in pods] == ["a", "b"]
-    assert skipped == [
-        (1, "pod has no metadata.uid"),
-        (2, "expected a JSON object, got int"),
-        (3, "pod has no metadata.uid"),
-    ]
-    assert parse_pod_list(body)[1] == pods  # without a callback, the same
-
-
-def test_pod_decoder_replaces_lone_surrogates_like_go() -> None:
-    # The escapes are JSON text: json.loads turns them into lone surrogates.
-    raw = (
-        '{"metadata": {"uid": "u\\ud800", "namespace": "ns\\udcff", "name": "p\\ud800",'
-        ' "labels": {"k\\ud800": "v\\udfff"},'
-        ' "annotations": {"hami.io/x": "\\ud800\\ud83d\\ude00"}},'
-        ' "spec": {"containers": [{"name": "c\\ud800"}], "initContainers": [{"name": 1}]}}'
-    )
-    pod = pod_info_from_object(json.loads(raw))
-    assert pod == PodInfo(
-        uid="u\ufffd",
-        namespace="ns\ufffd",
-        name="p\ufffd",
-        containers=("c\ufffd",),
-        init_containers=(),
-        labels={"k\ufffd": "v\ufffd"},
-        annotations={"hami.io/x": "\ufffd\U0001f600"},  # a real pair stays what it spells
-    )
-
-
-@pytest.mark.parametrize(
-    "line",
-    [
-        b'{"type": [], "object": {}}',
-        b'{"type": {"a": 1}, "object": {}}',
-        b'{"type": "ADDED", "object": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
-    ],
-)
-def test_parse_watch_event_rejects_wrong_types_and_deep_nesting(line: bytes) -> None:
-    with pytest.raises(WatchDecodeError):
-        parse_watch_event(line)
-
-
-def test_parse_watch_events() -> None:
-    added = parse_watch_event(json.dumps({"type": "ADDED", "object": _pod("x")}).encode() + b"\n")
-    assert added.type == "ADDED"
-    assert added.resource_version == "7"
-    assert added.pod is not None
-    assert added.pod.uid == "x"
-    bookmark = parse_watch_event(
-        b'{"type": "BOOKMARK", "object": {"kind": "Pod", "metadata": {"resourceVersion": "9"}}}'
-    )
-    assert bookmark == WatchEvent(type="BOOKMARK", resource_version="9")
-    error = parse_watch_event(
-        json.dumps(
-            {
-                "type": "ERROR",
-                "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "old"},
-            }
-        )
-    )
-    assert error == WatchEvent(type="ERROR", code=410, message="Expired: old")
-
-
-@pytest.mark.parametrize(
-    "line",
-    [
-        b"garbage",
-        b"[1]",
-        b'{"type": "SYNC", "object": {}}',
-        b'{"type": "ADDED", "object": {"metadata": {}}}',
-        b'{"type": "BOOKMARK", "object": {"metadata": {}}}',
-        b'{"type": "DELETED"}',
-    ],
-)
-def test_parse_watch_event_rejects_malformed(line: bytes) -> None:
-    with pytest.raises(WatchDecodeError):
-        parse_watch_event(line)
-
-
-@given(st_metrics.watch_lines())
-def test_any_watch_line_decodes_or_raises_its_error(line: bytes) -> None:
-    try:
-        event = parse_watch_event(line)
-    except WatchDecodeError:
-        return
-    assert (event.pod is not None) == (event.type in ("ADDED", "MODIFIED", "DELETED"))
-
-
-def test_parse_status() -> None:
-    assert parse_status(b'{"kind":"Status","code":403,"reason":"Forbidden","message":"no"}') == (
-        403,
-        "Forbidden: no",
-    )
-    assert parse_status(b'{"code": true}') == (None, "")
-    assert parse_status(b"<html>bad gateway</html>") == (None, "<html>bad gateway</html>")
-
-
-def test_apply_watch_event_is_idempotent() -> None:
-    a = PodInfo(uid="a", namespace="n", name="a")
-    a2 = PodInfo(uid="a", namespace="n", name="a", labels={"x": "y"})
-    pods: dict[str, PodInfo] = {}
-    for event in [
-        WatchEvent("ADDED", "1", a),
-        WatchEvent("ADDED", "1", a),
-        WatchEvent("MODIFIED", "2", a2),
-    ]:
-        pods = apply_watch_event(pods, event)
-    assert pods == {"a": a2}
-    before = dict(pods)
-    assert apply_watch_event(pods, WatchEvent("DELETED", "3", a)) == {}
-    assert pods == before  # the input is never modified
-    assert apply_watch_event({}, WatchEvent("DELETED", "3", a)) == {}
-    assert apply_watch_event(pods, WatchEvent("BOOKMARK", "4")) == pods
+# Backoff, settings, the source --------------------------------------------------------------
 
 
 def test_backoff_grows_with_jitter_and_caps() -> None:
@@ -277,40 +69,6 @@ def test_settings_are_validated() -> None:
         WatchSettings(watch_timeout=0)
     with pytest.raises(ValueError, match="initial"):
         WatchSettings(backoff_initial=5, backoff_max=1)
-
-
-@pytest.mark.parametrize("name", ["node-a", "ip-10-0-0-1.ec2.internal", "a"])
-def test_valid_node_names(name: str) -> None:
-    assert validate_node_name(name) == name
-
-
-@pytest.mark.parametrize("name", ["", "Node-A", "a,b", "a=b", "-a", "a" * 254, "a..b"])
-def test_invalid_node_names(name: str) -> None:
-    with pytest.raises(ConfigError, match="NODE_NAME"):
-        validate_node_name(name)
-
-
-def test_node_name_is_required() -> None:
-    with pytest.raises(ConfigError, match="--no-kubernetes"):
-        validate_node_name("")
-
-
-def test_kube_access_from_env(tmp_path: Path) -> None:
-    assert KubeAccess.from_env({"KUBECONFIG": "/k"}).kubeconfig == "/k"
-    assert KubeAccess.from_env({"KUBECONFIG": "/k"}, kubeconfig="/x").kubeconfig == "/x"
-    incluster = KubeAccess.from_env(
-        {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"},
-        service_account_dir=str(tmp_path),
-    )
-    assert incluster.kubeconfig is None
-    assert incluster.token_path == f"{tmp_path}/token"
-    assert incluster.ca_path == f"{tmp_path}/ca.crt"
-    assert incluster.describe() == "in-cluster https://10.0.0.1:443"
-    # KUBECONFIG wins over the in-cluster variables, like kubectl.
-    both = {"KUBECONFIG": "/k", "KUBERNETES_SERVICE_HOST": "h", "KUBERNETES_SERVICE_PORT": "1"}
-    assert KubeAccess.from_env(both).kubeconfig == "/k"
-    with pytest.raises(PodSourceError, match="KUBECONFIG"):
-        KubeAccess.from_env({"KUBERNETES_SERVICE_HOST": "h"})
 
 
 def test_source_before_any_list() -> None:
@@ -680,53 +438,3 @@ async def test_cancelled_watch_shuts_down_cleanly(fake: FakeKubeApi, access: Kub
 
 def _living_tasks() -> int:
     return trio.lowlevel.current_statistics().tasks_living
-
-
-def _exportable(text: str) -> None:
-    assert isinstance(text, str)
-    text.encode("utf-8")  # no lone surrogate reaches labels or logs
-
-
-def _check_pod(pod: PodInfo) -> None:
-    for text in (pod.uid, pod.namespace, pod.name, *pod.containers, *pod.init_containers):
-        _exportable(text)
-    for key, value in (*pod.labels.items(), *pod.annotations.items()):
-        _exportable(key)
-        _exportable(value)
-    assert pod.uid
-    assert all(key.startswith("hami.io/") for key in pod.annotations)
-
-
-@given(st_metrics.pod_objects())
-def test_any_pod_object_decodes_to_exportable_text_or_raises_its_error(obj: object) -> None:
-    try:
-        pod = pod_info_from_object(obj)
-    except WatchDecodeError:
-        return
-    _check_pod(pod)
-
-
-@given(st_metrics.pod_lists())
-def test_a_bad_pod_costs_itself_never_the_list(body: str) -> None:
-    skipped: list[int] = []
-    rv, pods = parse_pod_list(body, on_skip=lambda index, exc: skipped.append(index))
-    assert rv == "9"
-    assert len(pods) + len(skipped) == len(json.loads(body)["items"])
-    for pod in pods:
-        _check_pod(pod)
-
-
-@given(st_metrics.pod_objects(), st_metrics.hostile_text())
-def test_any_watch_event_with_a_hostile_pod_decodes_or_raises_its_error(
-    obj: object, kind: str
-) -> None:
-    for event_type in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR", kind):
-        line = json.dumps({"type": event_type, "object": obj}).encode()
-        try:
-            event = parse_watch_event(line)
-        except WatchDecodeError:
-            continue
-        if event.pod is not None:
-            _check_pod(event.pod)
-        _exportable(event.resource_version)
-        _exportable(event.message)
