@@ -1,46 +1,15 @@
 """The agent: one trio nursery for the broker, the pod watch, the monitor and the endpoint.
 
-How this works.  :func:`serve_agent` opens one nursery and starts every task in it with
-``nursery.start()``, in this order, so that each is really ready before the next one starts:
-
-1. ``broker`` - the host PID broker (only when the configuration has one, i.e. when
-   ``LIBVGPU_HOSTPID_BROKER`` is exactly ``1``): ready once its socket listens;
-2. ``pod-watch`` - the Kubernetes pod watch (unless ``--no-kubernetes``): ready once its
-   client is configured (its first list makes ``/readyz`` pass, see docs/pod-watch.md);
-3. ``monitor`` - the feedback loop with its MIG-lock cancel scope: ready after its first tick
-   (or at once while the MIG lock holds it);
-4. ``lock-parent`` - the read-only check of the workloads' shared lock parent
-   (``/tmp/vgpulock``, ``hami_trio_lock_parent_ok``): ready after its first check;
-5. ``metrics`` - ``/metrics``, ``/healthz`` and ``/readyz``: ready once it listens;
-6. ``nvml`` - releases NVML while the MIG lock exists and allows it again afterwards;
-7. ``mig-mount`` - once per monitor interval, checks that the MIG lock's directory is not a
-   mount of a directory that was deleted on the host (see :func:`mig_dir_detached`).
-
-Then it reports an :class:`AgentHandle` through ``task_status.started()``.  All of them write
-into one Prometheus registry, and ``/readyz`` runs real checks: the broker's socket file is
-still the one it bound, the pod source has listed, the monitor's tick counter moves (or the
-MIG lock pauses it).  ``/readyz`` also lists ``mig-lock-dir``, failing with the reason
-while the MIG lock directory is refused as unsafe; that check is informational (it does not
-make the agent unready: a directory a tenant made must not take the node's metrics away).
-
-Failure.  Every task runs under a supervisor that turns whatever it raises into a record of
-*which* task failed and whether it had started; a task that returns without being asked to
-stop counts as failed too.  Trio then cancels every other task - each cleans up on the way
-out, so the broker removes its socket and releases its lock, the monitor closes its files -
-and :func:`serve_agent` raises one plain exception, not an exception group:
-
-- a task that failed before it was ready with a :class:`~hami_trio.errors.HamiTrioError`
-  (a broker refusal, a busy metrics port, an unusable kubeconfig) raises that error itself,
-  whose message already names the path or address and the reason;
-- anything else - a failure after start (the broker's fatal accept error, a bug) - raises
-  :class:`~hami_trio.errors.AgentError` naming the task, with the task's error as its cause.
-
-Stopping.  :meth:`AgentHandle.request_stop` drains with a deadline (``shutdown_timeout``): the
-broker stops accepting, removes its socket and lets its in-flight exchanges finish; the monitor
-finishes its current tick; then the pod watch, the endpoint and the NVML follower are
-cancelled.  If the drain overruns its deadline, what is left is cancelled.  :func:`run_agent`
-adds the process's signals: the first SIGTERM or SIGINT drains (during the start-up: once the
-start-up is done), a second one cancels everything at once.  Both end without an error.
+How this works: :func:`serve_agent` opens one nursery and starts the tasks of :data:`TASKS`
+with ``nursery.start()``, in that order, each only once the previous one is ready, then
+reports an :class:`AgentHandle`.  They share one Prometheus registry; ``/readyz`` runs real
+checks (the broker's socket is still the one it bound, the pod source has listed, the
+monitor's tick counter moves).  Every task runs under a supervisor: when one fails (or
+returns unasked), trio cancels the others, each cleans up, and :func:`serve_agent` raises one
+plain exception - the task's own :class:`~hami_trio.errors.HamiTrioError` if it failed before
+it was ready, else :class:`~hami_trio.errors.AgentError` naming the task.
+:meth:`AgentHandle.request_stop` drains within ``shutdown_timeout``; :func:`run_agent` adds
+the signals (first drains, second cancels).  Tasks, readiness, stopping: docs/operations.md.
 """
 
 from __future__ import annotations
