@@ -1,8 +1,9 @@
 """The host PID broker: tells each process its PID in the host PID namespace.
 
-``protocol`` is the sans-I/O wire codec, ``paths`` the filesystem boundary (directory, lock,
-socket), ``server`` the trio server, ``cli`` the ``hami-trio broker`` command.  This package
-re-exports what the agent and library users need to run one.
+``protocol`` is the sans-I/O wire codec, ``boundary`` the filesystem boundary (directory,
+lock, socket), ``server`` the trio server, ``stats`` its counters, ``client`` the client side
+(what HAMi-core does); the ``hami-trio broker`` command is :mod:`hami_trio.cli.broker`.  This
+package re-exports what the agent and library users need to run one.
 """
 
 from __future__ import annotations

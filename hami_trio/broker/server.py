@@ -8,13 +8,15 @@ so the broker drives a raw non-blocking listening socket itself:
    then drains up to :data:`ACCEPT_BATCH` connections in one go.
 2. **Fast path.** For each accepted connection it tries one non-blocking ``recv``.  A real
    client writes its 8 bytes right after ``connect``, so they are usually already there: the
-   broker validates them, reads ``SO_PEERCRED``, sends the 12-byte answer and closes, inline,
-   with no task, no slot and no wait.  Connections without their bytes are retried once more
+   broker validates them (one compare with the only valid request: the measured exception to
+   the codec's front door), reads ``SO_PEERCRED``, sends the 12-byte answer and closes,
+   inline, with no task, no slot and no wait.  Connections without their bytes are retried once more
    after the whole batch (which gives their writers a few more microseconds).
 3. **Slow path.** A connection still incomplete after the retry needs a slot: one token of a
    :class:`trio.CapacityLimiter` taken *without waiting*.  If every slot is taken the
    connection is closed at once and counted ``rejected_full`` (never queued).  Otherwise
-   a task in the broker's nursery reads the rest under one deadline that covers the whole
+   a task in the broker's nursery reads the rest through the codec's
+   :class:`~hami_trio.broker.protocol.RequestReader` under one deadline that covers the whole
    exchange from the moment of accept; at the deadline it is closed without an answer.
 
 A complete request is validated before anything else: invalid -> status 1 and PID 0;
@@ -29,7 +31,7 @@ short, clients that send their request promptly never need a slot, so idle conne
 only exhaust slots that honest clients rarely use, and the default limit is sized to the
 file-descriptor budget (thousands) rather than to a handful of workers.
 
-Lifecycle: :func:`serve_broker` sets up the filesystem boundary (:mod:`.paths`), reports a
+Lifecycle: :func:`serve_broker` sets up the filesystem boundary (:mod:`.boundary`), reports a
 :class:`BrokerHandle` through ``task_status.started`` once the socket listens, and runs until
 :meth:`BrokerHandle.stop` (graceful: stop accepting, remove the socket, let in-flight
 exchanges finish within their deadline) or cancellation (in-flight exchanges are cancelled);

@@ -558,7 +558,7 @@ class VGpuCollector(Collector):
     def _collect_host(self) -> list[Metric]:
         if self._host is None:
             return []
-        # Release NVML while the MIG lock holds the monitor (the daemon also pauses the
+        # Release NVML while the MIG lock holds the monitor (the agent also pauses the
         # sampler promptly when the lock appears; this covers scrapes in between).
         try:
             if self._monitor.paused:

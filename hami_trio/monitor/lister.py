@@ -52,7 +52,7 @@ directory's listing stops after :data:`MAX_DIR_ENTRIES` entries.  The containers
 itself follows the same size rule.  Cancellation leaves every container consistent and
 publishes nothing.
 
-API for the metrics collector and the daemon (read-only, never touches a file)::
+API for the metrics collector and the agent (read-only, never touches a file)::
 
     view = lister.containers()        # Mapping[ContainerKey, ContainerState], latest tick
     for key, state in view.items():

@@ -42,7 +42,7 @@ Self-metrics (names fixed by the project's metric contract) go into the injected
 ``hami_trio_monitor_removals_total{outcome}`` (gone pods' directories; the removal runs
 beside the ticks, see the lister).
 
-API for the daemon and the metrics collector::
+API for the agent and the metrics collector::
 
     async with trio.open_nursery() as nursery:
         monitor = await nursery.start(
