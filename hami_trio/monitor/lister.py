@@ -295,6 +295,15 @@ class ContainerLister:
         """The latest tick's containers (immutable; see the module docstring)."""
         return self._view
 
+    def tracked_names(self) -> frozenset[str]:
+        """The container directories the lister follows (open handle or not) right now."""
+        return frozenset(self._tracked)
+
+    def handle_of(self, dirname: str) -> RegionHandle | None:
+        """The open region handle of container directory ``dirname``, if it has one."""
+        tracked = self._tracked.get(dirname)
+        return None if tracked is None else tracked.handle
+
     @property
     def containers_dir(self) -> str:
         """The directory this lister scans."""

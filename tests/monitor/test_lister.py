@@ -22,7 +22,7 @@ from hami_trio.monitor.lister import (
     parse_container_dirname,
 )
 from hami_trio.monitor.remover import Budget
-from hami_trio.pods.source import PodInfo, StaticPodSource
+from hami_trio.pods.source import PodInfo, PodSource, StaticPodSource
 from hami_trio.testing.regions import RegionSpec, SimulatedWorkload, region_pieces, write_region
 
 V1 = LAYOUTS[Format.V1]
@@ -51,8 +51,26 @@ class Rejections:
         self.seen.append(reason)
 
 
-def make(root: Path, source: StaticPodSource | None = None, **kw: object) -> ContainerLister:
+def make(root: Path, source: PodSource | None = None, **kw: object) -> ContainerLister:
     return ContainerLister(root, source or StaticPodSource(), **kw)  # type: ignore[arg-type]
+
+
+class SwitchablePods:
+    """A PodSource whose pods a test replaces between ticks (the pods change under it)."""
+
+    def __init__(self, now: StaticPodSource) -> None:
+        self.now = now
+
+    @property
+    def ready(self) -> bool:
+        return self.now.ready
+
+    @property
+    def authoritative(self) -> bool:
+        return self.now.authoritative
+
+    def lookup(self, uid: str) -> PodInfo | None:
+        return self.now.lookup(uid)
 
 
 def key(name: str) -> ContainerKey:
@@ -214,9 +232,9 @@ async def test_tracked_entry_keeps_its_handle_and_state_object(root: Path) -> No
     container(root, "u_c", "x.cache")
     lister = make(root)
     first = (await lister.update())[key("u_c")]
-    handle = lister._tracked["u_c"].handle
+    handle = lister.handle_of("u_c")
     second = (await lister.update())[key("u_c")]
-    assert lister._tracked["u_c"].handle is handle
+    assert lister.handle_of("u_c") is handle
     assert second is first  # nothing changed: the same immutable state
 
 
@@ -232,13 +250,12 @@ async def test_recently_modified_dir_of_unknown_pod_is_kept(root: Path) -> None:
 async def test_old_dir_of_unknown_pod_is_removed_and_its_handle_closed(root: Path) -> None:
     directory = container(root, "gone_c", "x.cache")
     container(root, "live_c", "x.cache")
-    source = StaticPodSource([PodInfo(uid="gone", namespace="n", name="p")])
+    source = SwitchablePods(StaticPodSource([PodInfo(uid="gone", namespace="n", name="p")]))
     lister = make(root, source, resync_interval=300)
     await lister.update()
-    handle = lister._tracked["gone_c"].handle
+    handle = lister.handle_of("gone_c")
     assert handle is not None
-    source_now = StaticPodSource([PodInfo(uid="live", namespace="n", name="q")])
-    lister._pods = source_now
+    source.now = StaticPodSource([PodInfo(uid="live", namespace="n", name="q")])
     old = time.time() - 301
     os.utime(directory, (old, old))
     view = await lister.update()
@@ -275,7 +292,7 @@ async def test_removal_runs_a_budget_per_step_and_the_tick_never_looks_at_it(
         # it now would keep it (and read its file); it does neither.
         view = await lister.update()
         assert list(view) == [key("live_c")]
-        assert "gone_c" not in lister._tracked
+        assert "gone_c" not in lister.tracked_names()
         # Nothing is written for it while it is being removed.
         lister.apply([Write(key("gone_c"), ControlField.RECENT_KERNEL, -1)])
         await lister.remove_step()
@@ -339,13 +356,13 @@ async def test_vanished_directory_closes_its_handle(root: Path) -> None:
     directory = container(root, "u_c", "x.cache")
     lister = make(root)
     await lister.update()
-    handle = lister._tracked["u_c"].handle
+    handle = lister.handle_of("u_c")
     assert handle is not None
     (directory / "x.cache").unlink()
     directory.rmdir()
     assert await lister.update() == {}
     assert handle.closed
-    assert "u_c" not in lister._tracked
+    assert "u_c" not in lister.tracked_names()
 
 
 # -- identity and rejection bookkeeping -----------------------------------------------------
@@ -358,7 +375,7 @@ async def test_replaced_file_is_detected_counted_and_reloaded(
     rejections = Rejections()
     lister = make(root, on_reject=rejections)
     await lister.update()
-    old = lister._tracked["u_c"].handle
+    old = lister.handle_of("u_c")
     write_region(directory / "new", RegionSpec(priority=9))
     os.replace(directory / "new", directory / "x.cache")
     with caplog.at_level(logging.WARNING, logger="hami_trio.monitor.lister"):
@@ -437,4 +454,4 @@ async def test_apply_writes_through_the_handle_and_skips_unknown(root: Path) -> 
     assert lister.apply([Write(key("u_c"), ControlField.RECENT_KERNEL, 0)]) == 0
     assert (directory / "x.cache").stat().st_size == 10
     lister.close()
-    assert lister._tracked == {}
+    assert lister.tracked_names() == frozenset()
