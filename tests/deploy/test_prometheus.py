@@ -49,7 +49,7 @@ from typing import Any
 import pytest
 import trio
 
-from hami_trio.broker.protocol import VALID_REQUEST
+from hami_trio.broker.protocol import VALID_REQUEST, encode_response
 from hami_trio.monitor.builder import MemoryUse, ProcSlot, RegionSpec, UtilUse, write_region
 from tests.daemon.agent import AgentProcess, agent_env, http_get, wait_until
 from tests.deploy.test_rules import prometheus_binary
@@ -266,15 +266,22 @@ class BrokerTraffic:
         self.path = path
         self.answers = 0
         self.timeouts = 0
+        self.errors: list[BaseException] = []
         self._stop = threading.Event()
         self._threads = [
-            threading.Thread(target=self._exchanges, daemon=True),
-            threading.Thread(target=self._silent, daemon=True),
+            threading.Thread(target=self._guarded, args=(self._exchanges,), daemon=True),
+            threading.Thread(target=self._guarded, args=(self._silent,), daemon=True),
         ]
 
     def start(self) -> None:
         for thread in self._threads:
             thread.start()
+
+    def _guarded(self, loop: Any) -> None:
+        try:
+            loop()
+        except BaseException as exc:  # re-raised by stop()
+            self.errors.append(exc)
 
     def _connect(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -286,8 +293,9 @@ class BrokerTraffic:
         while not self._stop.wait(0.05):
             with self._connect() as sock:
                 sock.sendall(VALID_REQUEST)
-                if sock.recv(64):
-                    self.answers += 1
+                answer = sock.recv(64)
+                assert answer == encode_response(os.getpid()), answer  # this caller's own PID
+                self.answers += 1
 
     def _silent(self) -> None:
         while not self._stop.wait(1):
@@ -299,6 +307,8 @@ class BrokerTraffic:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=20)
+        if self.errors:
+            raise self.errors[0]
 
 
 @dataclass
@@ -620,3 +630,4 @@ def test_the_alerts_this_node_earns_are_active(stack: Stack) -> None:
     assert {a["pod"] for a in alerts["HamiTrioContainerNearMemoryLimit"]} == {"train-0"}
     assert stack.traffic.answers > 0
     assert stack.traffic.timeouts > 0
+    assert stack.traffic.errors == []
