@@ -243,6 +243,7 @@ class PodRun:
     argv: list[str]
     host_dirs: dict[str, Path]  # hostPath -> the directory standing in for it
     mounts: dict[str, Path] = field(default_factory=dict)  # mountPath -> host directory
+    read_only: dict[str, bool] = field(default_factory=dict)  # mountPath -> readOnly
     ready_path: str = ""
     port: int = 0
     env: dict[str, str] = field(default_factory=dict)
@@ -335,6 +336,7 @@ def podman_run_argv(daemonset: dict[str, Any], node: Path, broker_dir: Path) -> 
             host.mkdir(mode=0o755, parents=True, exist_ok=True)
         run.host_dirs[host_path] = host
         run.mounts[mount["mountPath"]] = host
+        run.read_only[mount["mountPath"]] = bool(mount.get("readOnly"))
         ro = ",ro=true" if mount.get("readOnly") else ""
         argv += ["--mount", f"type=bind,src={host},dst={mount['mountPath']}{ro}"]
     return run
@@ -481,15 +483,22 @@ def test_ready_and_confined_as_the_chart_says(agent: Agent) -> None:
     # The host's PID namespace (the broker's answers are host PIDs), not the host's network.
     assert os.readlink(f"/proc/{agent.pid}/ns/pid") == os.readlink("/proc/self/ns/pid")
     assert os.readlink(f"/proc/{agent.pid}/ns/net") != os.readlink("/proc/self/ns/net")
-    # The root filesystem is read-only; the agent cannot write outside its volumes.
-    (root_opts,) = [
-        line.split()[5]
+    # The root filesystem is read-only, and each volume is read-only exactly where the chart
+    # says so (/var/run is the base's symlink to /run: the kernel shows the resolved path).
+    options = {
+        line.split()[4]: set(line.split()[5].split(","))
         for line in Path(f"/proc/{agent.pid}/mountinfo").read_text().splitlines()
-        if line.split()[4] == "/"
-    ]
-    assert "ro" in root_opts.split(","), root_opts
-    for ro_mount in ("/tmp/vgpulock", "/tmp/hami"):
-        assert agent.run.mounts[ro_mount].is_dir()
+    }
+    assert "ro" in options["/"], options["/"]
+    assert agent.run.read_only, "the chart mounts nothing read-only?"
+    for mount_path, read_only in agent.run.read_only.items():
+        seen = (
+            "/run/" + mount_path.removeprefix("/var/run/")
+            if mount_path.startswith("/var/run/")
+            else mount_path
+        )
+        assert ("ro" in options[seen]) is read_only, (mount_path, options[seen])
+        assert ("rw" in options[seen]) is not read_only, (mount_path, options[seen])
 
 
 def test_broker_directory_0711_and_socket_0666_both_roots(agent: Agent) -> None:
