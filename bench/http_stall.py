@@ -25,7 +25,6 @@ It writes a results directory (bench/_results.py) like every benchmark here.
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import socket
 import subprocess
@@ -37,6 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from tests.procnet import tcp_connections  # noqa: E402  (needs the repository on sys.path)
 
 _MAX_CLIENTS = 2000
 _MAX_HOLD = 120.0
@@ -76,30 +77,6 @@ def _rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for PID {pid}")
-
-
-def _open_connections(pid: int, port: int) -> int:
-    """The server's established (or half-closed) TCP connections on ``port``."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            local_port = int(fields[1].rsplit(":", 1)[1], 16)
-            if local_port == port and fields[3] in ("01", "08") and fields[9] in inodes:
-                count += 1
-    return count
 
 
 def _scrape(port: int) -> tuple[str, float]:
@@ -143,14 +120,14 @@ def attack(clients: int, hold: float, body_kib: int) -> dict[str, float | str]:
             socks.append(sock)
         time.sleep(1.0)
         peak = _rss_mib(server.pid)
-        open_1s = _open_connections(server.pid, port)
+        open_1s = tcp_connections(port, server.pid)
         status, latency = _scrape(port)
         deadline = time.monotonic() + hold
         while time.monotonic() < deadline:
             time.sleep(0.5)
             peak = max(peak, _rss_mib(server.pid))
         rss_end = _rss_mib(server.pid)
-        open_end = _open_connections(server.pid, port)
+        open_end = tcp_connections(port, server.pid)
         after_status, _ = _scrape(port)
         return {
             "clients": clients,

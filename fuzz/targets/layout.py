@@ -100,47 +100,13 @@ def check_region_file(data: bytes, recent_kernel: int, switch: int) -> None:
     only the two control words."""
     path = _WORK[-1] / "region.cache"
     path.write_bytes(data)
-    size = len(data)
-    expected = _parse(data)
-
-    reads: list[tuple[int, int]] = []
-    real_pread = os.pread
-
-    def traced_pread(fd: int, length: int, offset: int, /) -> bytes:
-        reads.append((length, offset))
-        return real_pread(fd, length, offset)
-
     handle = RegionHandle.open_path(path, writable=True)
     try:
-        os.pread = traced_pread
+        reader = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            outcome: UsageSnapshot | CacheFileRejected = handle.read()
-        except CacheFileRejected as exc:
-            outcome = exc
+            check_region_handle(handle, path, data, reader, controls=(recent_kernel, switch))
         finally:
-            os.pread = real_pread
-        for length, offset in reads:
-            assert offset >= 0, (length, offset)
-            assert offset + length <= size, f"read {length} bytes at {offset} of a {size}-byte file"
-            assert length <= _V1_SIZE, f"read {length} bytes at once"
-
-        if isinstance(expected, CacheFileRejected):
-            assert isinstance(outcome, CacheFileRejected), (expected, outcome)
-            assert outcome.reason == expected.reason, (expected, outcome)
-            assert str(path) in str(outcome), "a rejection names the file"
-            return
-        assert outcome == expected
-
-        handle.write_controls(
-            [(ControlField.RECENT_KERNEL, recent_kernel), (ControlField.UTILIZATION_SWITCH, switch)]
-        )
-        layout = LAYOUTS[expected.format]
-        wanted = bytearray(data)
-        _I32.pack_into(wanted, ControlField.RECENT_KERNEL.offset(layout), recent_kernel)
-        _I32.pack_into(wanted, ControlField.UTILIZATION_SWITCH.offset(layout), switch)
-        assert path.read_bytes() == wanted, "the write touched more than the two control words"
-        again = handle.read()
-        assert (again.recent_kernel, again.utilization_switch) == (recent_kernel, switch)
+            os.close(reader)
     finally:
         handle.close()
 
@@ -344,10 +310,15 @@ def _region_file_check() -> Iterator[Callable[[bytes], None]]:
 
 
 def check_region_handle(
-    handle: RegionHandle, path: Path, data: bytes | bytearray, reader: int
+    handle: RegionHandle,
+    path: Path,
+    data: bytes | bytearray,
+    reader: int,
+    controls: tuple[int, int] | None = None,
 ) -> None:
     """One read of ``handle`` (whose file now holds ``data``), checked against a fresh parse
-    of ``data``; then the two control words are written and the file, read back through
+    of ``data``; then the two control words (``controls``: recent_kernel and the switch, by
+    default taken from the file's last bytes) are written and the file, read back through
     ``reader`` (another descriptor of it), is checked byte for byte."""
     size = len(data)
     expected = _parse(data)
@@ -375,8 +346,11 @@ def check_region_handle(
         assert str(path) in str(outcome), "a rejection names the file"
         return
     assert outcome == expected, "the handle's snapshot differs from a fresh parse"
-    recent = _I32.unpack_from(data, size - 4)[0] if size >= 4 else 0
-    switch = _I32.unpack_from(data, size - 8)[0] if size >= 8 else 1
+    if controls is None:
+        recent = _I32.unpack_from(data, size - 4)[0] if size >= 4 else 0
+        switch = _I32.unpack_from(data, size - 8)[0] if size >= 8 else 1
+    else:
+        recent, switch = controls
     handle.write_controls(
         [(ControlField.RECENT_KERNEL, recent), (ControlField.UTILIZATION_SWITCH, switch)]
     )

@@ -39,6 +39,12 @@ def setup(host_dir: str) -> None:
 
     enter_namespaces(pid=False, mount=True)
     source = os.open(host_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    # The tmpfs hides whatever lives under /tmp, which may be this checkout and its venv (CI
+    # clones anywhere): keep the base interpreter (``hold`` needs only the standard library)
+    # and this file's text from before the mount.
+    python = os.path.realpath(sys.executable)
+    with open(os.path.abspath(__file__), encoding="utf-8") as own:
+        code = own.read()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755,size=1m", "tmpfs", "/tmp"], check=True)
     os.makedirs(MOUNT_POINT, mode=0o755)
     os.chmod(os.path.dirname(MOUNT_POINT), 0o1777)
@@ -46,7 +52,7 @@ def setup(host_dir: str) -> None:
     bind_mount(f"/proc/self/fd/{source}", MOUNT_POINT, read_only=True)
     os.close(source)
     drop = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", "--"]
-    os.execvp("setpriv", [*drop, sys.executable, os.path.abspath(__file__), "hold", MOUNT_POINT])
+    os.execvp("setpriv", [*drop, python, "-I", "-c", code, "hold", MOUNT_POINT])
 
 
 def _cap_eff() -> str:

@@ -253,7 +253,12 @@ class Holder:
             stderr=subprocess.PIPE,
         )
         self._buffer = b""
-        self.report = self.next_line(10.0)
+        try:
+            self.report = self.next_line(10.0)
+        except BaseException:
+            if self.proc.returncode is None:
+                self.stop()
+            raise
 
     def next_line(self, timeout: float) -> dict[str, Any]:
         assert self.proc.stdout is not None
@@ -276,6 +281,9 @@ class Holder:
         finally:
             self.proc.kill()
             self.proc.wait()
+            for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+                if pipe is not None:
+                    pipe.close()
         return err.decode(errors="replace")
 
 

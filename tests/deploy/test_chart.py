@@ -674,3 +674,125 @@ def test_app_version_is_the_package_version(chart: Any) -> None:
     assert chart.metadata["appVersion"] == version
     image = agent(render(chart))["image"]
     assert image == f"hami-trio:{version}"
+
+
+# --- the PrometheusRule (alert rules) -------------------------------------------------------
+
+RULES_FILE = CHART / "files" / "hami-trio-rules.yaml"
+_DURATION = re.compile(r"([0-9]+(ms|s|m|h|d|w|y))+")
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_RULE_KEYS = frozenset({"alert", "expr", "for", "labels", "annotations"})
+
+
+def check_prometheus_rule_shape(rule: dict[str, Any]) -> None:
+    """The monitoring.coreos.com/v1 PrometheusRule structure (a CRD: not in kubernetes-validate)."""
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["kind"] == "PrometheusRule"
+    assert set(rule) == {"apiVersion", "kind", "metadata", "spec"}
+    assert _DNS_LABEL.fullmatch(rule["metadata"]["name"])
+    assert _DNS_LABEL.fullmatch(rule["metadata"]["namespace"])
+    assert all(isinstance(v, str) for v in rule["metadata"]["labels"].values())
+    assert set(rule["spec"]) == {"groups"}
+    assert rule["spec"]["groups"]
+    for group in rule["spec"]["groups"]:
+        assert set(group) == {"name", "rules"}
+        assert isinstance(group["name"], str)
+        for entry in group["rules"]:
+            assert set(entry) <= _RULE_KEYS, entry
+            assert isinstance(entry["alert"], str)
+            assert isinstance(entry["expr"], str)
+            assert entry["expr"].strip()
+            assert _DURATION.fullmatch(entry.get("for", "0s")), entry
+            for key in ("labels", "annotations"):
+                assert all(
+                    isinstance(k, str) and isinstance(v, str) for k, v in entry[key].items()
+                ), entry
+
+
+def test_prometheus_rule_is_off_by_default(chart: Any) -> None:
+    assert "PrometheusRule" not in render(chart)
+    assert "PrometheusRule" not in render(chart, {"serviceMonitor": {"enabled": True}})
+
+
+def test_prometheus_rule_shape_is_the_rules_file(chart: Any) -> None:
+    values = {"prometheusRule": {"enabled": True, "labels": {"release": "prom"}}}
+    by_kind = render(chart, values)
+    rule = only(by_kind, "PrometheusRule")
+    check_prometheus_rule_shape(rule)
+    assert rule["metadata"]["namespace"] == NAMESPACE
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    service = only(by_kind, "Service")
+    assert rule["metadata"]["labels"].items() >= service["metadata"]["labels"].items()
+    # Exactly the rules file, with the agent-down rule's job set to the Service's name (the
+    # job label the ServiceMonitor's scrape gets).
+    source = yaml.safe_load(
+        RULES_FILE.read_text().replace('job="hami-trio"', f'job="{service["metadata"]["name"]}"')
+    )
+    assert rule["spec"] == source
+    (down,) = [
+        r for g in rule["spec"]["groups"] for r in g["rules"] if r["alert"] == "HamiTrioAgentDown"
+    ]
+    assert down["expr"] == f'up{{job="{service["metadata"]["name"]}"}} == 0'
+    # Everything else still renders to valid Kubernetes with the rule on.
+    for kind, docs in by_kind.items():
+        if kind != "PrometheusRule":
+            for doc in docs:
+                kubernetes_validate.validate(doc, KUBE_VERSIONS[-1], strict=True)
+
+
+@pytest.mark.parametrize(
+    ("release", "values", "job"),
+    [
+        ("prod", {}, "prod-hami-trio"),
+        ("x", {"fullnameOverride": "gpu-agent"}, "gpu-agent"),
+    ],
+)
+def test_prometheus_rule_job_follows_the_service_name(
+    chart: Any, release: str, values: dict[str, Any], job: str
+) -> None:
+    rendered = chart.render(
+        values={**values, "prometheusRule": {"enabled": True}}, name=release, namespace=NAMESPACE
+    )
+    docs = [
+        d
+        for path, text in rendered.items()
+        if path.endswith(".yaml")
+        for d in yaml.safe_load_all(text)
+        if d
+    ]
+    (service,) = [d for d in docs if d["kind"] == "Service"]
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    assert service["metadata"]["name"] == job
+    exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert f'up{{job="{job}"}} == 0' in exprs
+    assert not any('job="hami-trio"' in e for e in exprs)
+
+
+def test_prometheus_rule_namespace_can_be_set(chart: Any) -> None:
+    values = {"prometheusRule": {"enabled": True, "namespace": "monitoring"}}
+    rule = only(render(chart, values), "PrometheusRule")
+    check_prometheus_rule_shape(rule)
+    assert rule["metadata"]["namespace"] == "monitoring"
+
+
+def test_prometheus_rule_shape_check_is_not_vacuous(chart: Any) -> None:
+    rule = only(render(chart, {"prometheusRule": {"enabled": True}}), "PrometheusRule")
+    rule["spec"]["groups"][0]["rules"][0]["fro"] = "5m"
+    with pytest.raises(AssertionError):
+        check_prometheus_rule_shape(rule)
+
+
+@pytest.mark.parametrize(
+    ("values", "where"),
+    [
+        ({"prometheusRule": {"enabled": "yes"}}, "/prometheusRule/enabled"),
+        ({"prometheusRule": {"enabled": True, "namespace": "Bad_NS"}}, "/prometheusRule/namespace"),
+        ({"prometheusRule": {"enabled": True, "labels": {"a": 1}}}, "/prometheusRule/labels/a"),
+        ({"prometheusRule": {"enabled": True, "rules": []}}, "rules"),
+    ],
+)
+def test_schema_rejects_bad_prometheus_rule_values(
+    chart: Any, values: dict[str, Any], where: str
+) -> None:
+    with pytest.raises(helm.HelmValuesError, match=re.escape(where)):
+        chart.render(values=values, name=RELEASE, namespace=NAMESPACE)

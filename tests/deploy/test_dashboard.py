@@ -1,4 +1,7 @@
-"""deploy/grafana/hami-trio.json: valid Grafana structure, and only metric names the agent exports.
+"""deploy/grafana/hami-trio.json: generated, valid Grafana structure, only exported metric names.
+
+The JSON is the output of deploy/grafana/dashboard.py (grafana-foundation-sdk, in the ``chart``
+extra); the first test checks the committed file is that output byte for byte.
 
 A renamed metric would silently empty a panel, so every metric name in every PromQL
 expression (panel targets and template variable queries) must be one the agent really
@@ -19,6 +22,7 @@ shapes the dashboard uses and flags an unknown one.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -46,6 +50,8 @@ from tests.pods.test_watch import write_kubeconfig
 from tests.sandbox import world_readable_dir
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "hami-trio.json"
+GENERATOR = DASHBOARD.with_name("dashboard.py")
+REGENERATE = ".venv/bin/python deploy/grafana/dashboard.py"
 GPU = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 # Families the agent exports only in some states; the fixture reaches each of them.
 STATEFUL = frozenset(
@@ -228,6 +234,53 @@ def expressions(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
             match = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", variable["query"].strip())
             assert match, f"variable {variable['name']}: expected label_values(expr, label)"
             yield f"variable {variable['name']}", match.group(1)
+
+
+# --- the generator ----------------------------------------------------------------------------
+
+
+def load_generator() -> Any:
+    try:
+        import grafana_foundation_sdk  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        if os.environ.get("CI"):
+            pytest.fail(
+                f"the dashboard generator needs the 'chart' extra and CI installs it: {exc}"
+            )
+        pytest.skip(f"the dashboard generator needs grafana-foundation-sdk ('chart' extra): {exc}")
+    spec = importlib.util.spec_from_file_location("hami_trio_dashboard", GENERATOR)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_committed_json_is_the_generators_output() -> None:
+    generated: str = load_generator().render()
+    committed = DASHBOARD.read_text()
+    assert committed == generated, (
+        f"{DASHBOARD.name} differs from deploy/grafana/dashboard.py's output: edit the"
+        f" generator, not the JSON, and regenerate with: {REGENERATE}"
+    )
+
+
+def test_the_check_mode_reports_a_stale_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    generator = load_generator()
+    stale = tmp_path / "hami-trio.json"
+    stale.write_text(generator.render().replace('"refresh": "30s"', '"refresh": "5s"'))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(generator, "OUTPUT", stale)
+        assert generator.main(["--check"]) == 1
+        out, err = capsys.readouterr()
+        assert '-  "refresh": "5s",' in out
+        assert '+  "refresh": "30s",' in out
+        assert "run python deploy/grafana/dashboard.py" in err
+        assert generator.main([]) == 0  # regenerates
+        assert generator.main(["--check"]) == 0
+    assert stale.read_text() == DASHBOARD.read_text()
 
 
 # --- the PromQL reader ----------------------------------------------------------------------

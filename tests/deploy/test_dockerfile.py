@@ -1,10 +1,11 @@
 """deploy/Dockerfile, checked without a container engine.
 
-No engine runs here or in CI, so the image is never built in tests.  What can go wrong
-without noticing is checked instead: the entrypoint is the console script ``hami-trio run``
-that pyproject declares; the package is installed from a built wheel, never editable; every
-``COPY`` source exists and survives ``.dockerignore``; and the wheel really builds from only
-what the Dockerfile copies (the README that pyproject names as readme included).
+These checks need no container engine (tests/deploy/test_image.py builds and runs the image
+with podman).  What can go wrong without noticing is checked here: the entrypoint is the
+console script ``hami-trio run`` that pyproject declares; the package is installed from a
+built wheel, never editable; every ``COPY`` source exists and survives ``.dockerignore``; and
+the wheel really builds from only what the Dockerfile copies (the README that pyproject names
+as readme included).
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from hami_trio.metrics.http import (
     progress_check,
     serve_http,
 )
+from tests.procnet import tcp_connections
 
 
 @dataclass
@@ -300,26 +301,6 @@ def _rss_mib() -> float:
     raise AssertionError("no VmRSS")
 
 
-def _server_connections(port: int) -> int:
-    """This process's established (or half-closed) TCP sockets whose local port is ``port``."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            local_port = int(fields[1].rsplit(":", 1)[1], 16)
-            if local_port == port and fields[3] in ("01", "08") and fields[9] in inodes:
-                count += 1
-    return count
-
-
 def _stall(port: int, count: int) -> list[socket.socket]:
     """``count`` clients that send ``GET /metrics`` and never read (4 KiB receive buffer)."""
     request = f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
@@ -382,11 +363,11 @@ async def test_stalled_clients_are_bounded_and_a_scrape_still_answers(
         assert during.status == 200
         assert b"test_series" in during.body
         assert stats.open <= limits.max_connections
-        assert _server_connections(port) <= limits.max_connections
+        assert tcp_connections(port) <= limits.max_connections
         # Bodies held: at most one per connection, never one per stalled client.
         assert stats.held_bytes <= limits.max_connections * len(during.body)
         assert _rss_mib() - rss_before < 60  # 1000 held bodies would be over 120 MiB
-        assert await _until(lambda: _server_connections(port) == 0, seconds=8)
+        assert await _until(lambda: tcp_connections(port) == 0, seconds=8)
         assert stats.open == 0
         assert stats.held_bytes == 0
         assert stats.counts["response_timeout"] >= 1

@@ -39,7 +39,7 @@ from hami_trio.pods.source import PodSource, StaticPodSource
 from hami_trio.pods.watch import KubernetesPodSource, serve_pod_watch
 from hami_trio.testing.regions import MemoryUse, ProcSlot, RegionSpec, UtilUse, write_region
 from tests.metrics.fake_nvml import FakeGpu, FakeNvml
-from tests.metrics.promlint import lint
+from tests.metrics.promtool import lint, require_promtool
 from tests.pods.fake_kube import FakeKubeApi
 from tests.pods.test_watch import FAST, write_kubeconfig
 
@@ -237,8 +237,25 @@ async def test_scrape_equals_fixture_aggregates(
     assert got == container_series("", "pod-uid-1", "main", spec, legacy=legacy)
     expected = expected_devices(spec)[0]
     assert (expected["total"], expected["sm"]) == (3000, 50)  # the fixture is what we think
+
+
+@pytest.fixture
+def promtool() -> str:
+    return require_promtool()  # a sync fixture, so that a skip keeps its reason
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["new-names", "legacy"])
+async def test_scrape_passes_promtool(
+    nursery: trio.Nursery, hook: Path, legacy: bool, promtool: str
+) -> None:
+    add_container(hook, "pod-uid-1", "main", fixture_spec())
+    _, port = await start_stack(nursery, hook, StaticPodSource(), kubernetes=False, legacy=legacy)
+    status, text = await get(port)
+    assert status == 200
+    assert "hami_vgpu_memory_used_bytes{" in text
+    problems = await trio.to_thread.run_sync(lint, text, promtool)
     legacy_camel_case = {"vGPU_device_memory_usage_in_bytes", "vGPU_device_memory_limit_in_bytes"}
-    assert {p.metric for p in lint(text)} == (legacy_camel_case if legacy else set())
+    assert {metric for metric, _ in problems} == (legacy_camel_case if legacy else set())
 
 
 async def test_host_gpu_metrics_from_worker_threads_only(nursery: trio.Nursery, hook: Path) -> None:
