@@ -156,6 +156,11 @@ class RateLimiter:
         # key -> [time of the last event let through, events suppressed since]
         self._state: OrderedDict[Hashable, list[float]] = OrderedDict()
 
+    @property
+    def tracked_keys(self) -> int:
+        """How many keys it remembers right now (at most ``max_keys``, the oldest go first)."""
+        return len(self._state)
+
     def check(self, key: Hashable = None) -> int | None:
         """Record one event for ``key``; see the class docstring for the result."""
         now = self._clock()

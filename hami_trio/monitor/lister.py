@@ -441,6 +441,11 @@ class ContainerLister:
         """Directories scheduled for removal and not yet finished (the current one included)."""
         return len(self._removing)
 
+    @property
+    def removal_in_progress(self) -> bool:
+        """True while one removal's descriptors are open (between two steps of it)."""
+        return self._remover is not None
+
     async def serve_removals(self) -> None:
         """Run the removals, one budgeted step after each tick that found work; never returns.
 

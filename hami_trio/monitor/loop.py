@@ -532,6 +532,11 @@ class Monitor:
         return self._lister.containers()
 
     @property
+    def lister(self) -> ContainerLister:
+        """The lister this monitor ticks: what it tracks, its handles, its removals."""
+        return self._lister
+
+    @property
     def paused(self) -> bool:
         """True while the MIG lock holds the feedback loop."""
         return self._paused
