@@ -1,28 +1,13 @@
 """Logging set-up and rate limiting for attacker-driven events.
 
-hami-trio logs one line per event through the standard :mod:`logging` module, either as text
-or as one JSON object per line (``--log-format json``) for log pipelines.
-
-Tenants can make events happen at will: a connection flood on the broker socket, a ``.cache``
-file rewritten with garbage every millisecond.  Logging each of those would let a tenant fill
-the node's disk and drown real messages, so such call sites go through :class:`RateLimiter`:
-at most one line per key per interval, and the line that is let through says how many were
-suppressed since the last one.  The limiter's key table is bounded, so a tenant cannot grow it
-either.
-
-Tenants also choose many of the strings that end up in messages: file and directory names,
-pod annotations, the text of errors about their data.  So no call site can forge a record or
-drive the reader's terminal, both formatters escape what a tenant could use for that
-(:func:`escape_control`):
-
-- text: the whole rendered record - message, arguments, a traceback - is one line; C0 and C1
-  control characters, DEL, U+2028/U+2029 and lone surrogates are written as ``\\n``,
-  ``\\r``, ``\\t``, ``\\xNN`` or ``\\uNNNN`` (a traceback's line breaks too).  Backslashes are
-  left as they are, so an escaped name reads the way Python writes it;
-- JSON: ``json.dumps`` already escapes C0 controls; C1 controls, U+2028/U+2029 and lone
-  surrogates are written as ``\\uNNNN`` too, so every record is one line of valid UTF-8 that
-  decodes back to the exact string (a high lone surrogate followed by a low one reads back
-  as the pair they spell: JSON's escapes are UTF-16).
+How this works: hami-trio logs one line per event through :mod:`logging`, as text or as one
+JSON object per line (``--log-format json``).  Tenants can cause events at will, so such call
+sites go through :class:`RateLimiter` (one line per key per interval, counting what it
+suppressed, with a bounded key table).  Tenants also choose many strings in messages, so
+both formatters escape control characters, U+2028/U+2029 and lone surrogates
+(:func:`escape_control`): a text record is always one line, a JSON record one line of valid
+UTF-8 that decodes back to the exact string.  What an operator sees: docs/operations.md
+(Logs).
 """
 
 from __future__ import annotations
@@ -155,6 +140,11 @@ class RateLimiter:
         self._clock = clock
         # key -> [time of the last event let through, events suppressed since]
         self._state: OrderedDict[Hashable, list[float]] = OrderedDict()
+
+    @property
+    def tracked_keys(self) -> int:
+        """How many keys it remembers right now (at most ``max_keys``, the oldest go first)."""
+        return len(self._state)
 
     def check(self, key: Hashable = None) -> int | None:
         """Record one event for ``key``; see the class docstring for the result."""

@@ -45,7 +45,7 @@ def test_rate_limiter_key_table_is_bounded() -> None:
     limiter = RateLimiter(10.0, max_keys=3, clock=clock)
     for key in range(100):
         assert limiter.check(key) == 0
-    assert len(limiter._state) == 3
+    assert limiter.tracked_keys == 3
     assert limiter.check(99) is None  # the most recent keys are kept
 
 

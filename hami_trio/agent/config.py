@@ -1,23 +1,16 @@
 """The agent's configuration: flags, environment fallbacks, one frozen :class:`AgentConfig`.
 
-How this works.  Every setting is one row of :data:`SETTINGS`: a ``--flag`` and an environment
-variable.  Where HAMi already has a name the row uses it (``HOOK_PATH``, ``NODE_NAME``,
-``HAMI_RESYNC_INTERVAL``, ``KUBECONFIG``, ``--metrics-bind-address``, ``--legacy-metrics``), so
-an operator can carry HAMi's vGPUmonitor settings over unchanged; hami-trio's own settings
-fall back to ``HAMI_TRIO_<FLAG>``.  A value given as a flag wins over the variable, the
-variable over the default; an empty variable counts as unset.  The broker's switch is the
-variable ``LIBVGPU_HOSTPID_BROKER`` alone, on only for exactly ``1``: the Helm
-chart, the device plugin and HAMi-core all read the same variable.
-
-:func:`add_agent_arguments` puts the flags on a parser (every default is ``None``, so "not
-given" is visible); :func:`resolve_config` is pure - a namespace and an environment mapping in,
-an :class:`AgentConfig` out, no file or socket touched - and raises
-:class:`~hami_trio.errors.ConfigError` naming the flag or variable and the value it could not
-use.  :func:`check_host` then checks the one thing that needs the filesystem (``HOOK_PATH``
-exists).  Two rules come from HAMi and are kept: an invalid ``HAMI_RESYNC_INTERVAL`` is a
-warning and the default 5m, and ``NODE_NAME`` is required only when the
-Kubernetes API is used.  Warnings are returned in :attr:`AgentConfig.warnings`, to be logged
-once logging is configured.
+How this works: every setting is one row of :data:`SETTINGS`, a ``--flag`` and an
+environment variable (HAMi's name where it has one, else ``HAMI_TRIO_<FLAG>``); a flag wins
+over its variable, the variable over the default, and an empty variable counts as unset.  The
+broker's switch is ``LIBVGPU_HOSTPID_BROKER`` alone, on only for exactly ``1``.
+:func:`add_agent_arguments` puts the flags on a parser (every default ``None``, so "not
+given" is visible); :func:`resolve_config` is pure and raises
+:class:`~hami_trio.errors.ConfigError` naming the flag or variable and the value
+(:func:`config_from_flags` is the same for callers without a command line);
+:func:`check_host` checks that ``HOOK_PATH`` exists.  Warnings (an invalid
+``HAMI_RESYNC_INTERVAL`` falls back to 5m, as in HAMi) are returned in
+:attr:`AgentConfig.warnings`.  Every setting: docs/operations.md (Configuration).
 """
 
 from __future__ import annotations

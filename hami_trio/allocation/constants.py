@@ -1,20 +1,12 @@
 """The fixed paths of the allocation integration and Go's path canonicalisation.
 
-HAMi-core inside a workload looks for its lock files under ``/tmp/vgpulock`` and for the host
-PID broker's socket in ``/tmp/vgpulock/hostpid``; the device plugin finds the broker's
-directory on the host at ``/var/run/hami/hostpid``.  These container-side paths are compiled
-into HAMi-core, so they are constants here, not settings.
-
-Two mounts "target the same path" when their container paths are equal after
-``path.Clean(path.Join("/", p))`` - the rule HAMi's Go device plugin applies, so ``tmp/vgpulock``,
-``/tmp//vgpulock/``, ``/tmp/./vgpulock`` and ``/tmp/x/../vgpulock`` all name the parent.
-:func:`go_clean` reimplements Go's ``path.Clean`` exactly rather than using
-:func:`posixpath.normpath`, which differs on purpose: POSIX lets a path start with exactly two
-slashes with a meaning of its own, so ``normpath("//tmp")`` keeps ``//tmp`` while Go returns
-``/tmp``.  A container runtime (Go) would mount ``//tmp/vgpulock`` at ``/tmp/vgpulock``, so only
-Go's rule tells us which entries collide.
-
-Everything here is pure.
+How this works: HAMi-core looks for its lock files under ``/tmp/vgpulock`` and for the broker
+socket in ``/tmp/vgpulock/hostpid``, and the device plugin finds the broker's directory on the
+host at ``/var/run/hami/hostpid``; those paths are compiled into HAMi-core, so they are
+constants, not settings.  Two mounts target the same path when their container paths are
+equal after ``path.Clean(path.Join("/", p))``; :func:`go_clean` is Go's ``path.Clean``
+exactly, not :func:`posixpath.normpath`, which keeps a leading ``//`` that Go (and so the
+container runtime) drops.  Pure.  docs/allocation.md (The merge).
 """
 
 from __future__ import annotations

@@ -1,46 +1,15 @@
 """Prepare the shared lock parent ``/tmp/vgpulock``: root-owned, mode 01777, no tricks.
 
-Every HAMi-core allocation mounts the host's ``/tmp/vgpulock`` writable into the container, and
-HAMi-core's lock files live there.  The device plugin runs as root and prepares it before each
-allocation.  Anyone who can write to the host's ``/tmp`` (another local user,
-any pod with a ``hostPath`` mount of ``/tmp``) may try to make that root process chmod, or a
-workload mount, something they control - by planting a symlink or a foreign directory at the
-name, or by swapping it while we work.  So every step is relative to a descriptor, never to a
-path that could be re-resolved:
-
-1. open the parent (``/tmp``) with ``O_DIRECTORY|O_NOFOLLOW``; it must be owned by the trusted
-   UID, and if group or others can write to it, it must be sticky (otherwise anyone could
-   rename our directory away and put theirs in its place);
-2. ``mkdirat(parent_fd, name, 01777)``; ``EEXIST`` is fine, whatever exists is checked next;
-3. ``openat(parent_fd, name, O_DIRECTORY|O_NOFOLLOW)``: a symlink or non-directory fails here;
-4. through that descriptor: the directory must be owned by the trusted UID;
-5. ``fchmod(fd, 01777)``: restores what the umask removed and upgrades an old 0777 directory
-   - it changes the object we opened and checked, never what the name points to now;
-6. verify through the descriptor *and* through ``fstatat(parent_fd, name,
-   AT_SYMLINK_NOFOLLOW)``: both are directories owned by the trusted UID with mode exactly
-   01777, and both have the same ``(st_dev, st_ino)`` - so the name still denotes the directory
-   we prepared, and a swap during steps 2-5 is refused.
-
-Python's :func:`os.mkdir`, :func:`os.open` and :func:`os.stat` take ``dir_fd`` (and
-``follow_symlinks=False`` for ``fstatat``), and :func:`os.fchmod` takes a descriptor; no
-path-based ``chmod`` or ``mkdir`` is used.  Only the last component of the parent path is opened
-without following symlinks; the parent's own ancestors (for ``/tmp``: only ``/``) are trusted.
-
-Every refusal raises :class:`LockParentRefused` (a :class:`~hami_trio.errors.LockDirError`)
-naming the path, the reason and the recovery - the exact command where there is one - and is
-counted in :data:`LOCK_PARENT_REFUSALS`; the device plugin fails that allocation instead of
-returning an unsafe mount.  The umask is never touched (it is process-wide and a device plugin
-may be threaded).
-
-With the broker on, step 5 is followed by the nested mount point ``hostpid`` (where the
-runtime mounts the broker's directory): relative to the opened directory, it must be a
-directory of the trusted UID (created ``mkdirat`` 0755 if missing, mode restored with
-``fchmod``); a symlink, file or foreign directory there is refused.  ``repair=True`` is the
-operator's explicit action: it gives a directory of another owner back through the opened
-descriptor (``fchown``) and removes a planted ``hostpid`` entry with ``unlinkat`` (never
-followed); it still refuses a symlink or non-directory at the lock parent's own name and an
-unsafe parent.  :func:`inspect_lock_parent` checks the same rules read-only (``O_PATH``),
-for the agent.
+How this works: every HAMi-core workload mounts the host's ``/tmp/vgpulock`` writable, and
+anyone who can write to the host's ``/tmp`` may plant a symlink or a foreign directory there
+or swap it while the device plugin (root) works.  So :func:`prepare_lock_parent` does every
+step relative to a descriptor - open the parent ``O_NOFOLLOW`` and check its owner and sticky
+bit, ``mkdirat``, ``openat`` ``O_NOFOLLOW``, check the owner, ``fchmod`` 01777, then verify the
+descriptor and the name denote the same directory - and, with the broker on, the nested
+``hostpid`` mount point the same way.  Every refusal is a :class:`LockParentRefused` naming
+the path, the reason and the recovery, counted in :data:`LOCK_PARENT_REFUSALS`; ``repair=True``
+is the operator's explicit fix, :func:`inspect_lock_parent` the agent's read-only check.
+The steps, the attacks they stop and the repair: docs/allocation.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,14 @@
 """The kubelet's ContainerAllocateResponse as a value, and the pure broker mount/env merge.
 
-A device plugin answers the kubelet's ``Allocate`` with one ``ContainerAllocateResponse`` per
-container: environment variables, bind mounts (container path, host path, read-only flag),
-device nodes, annotations and CDI device names.  :class:`ContainerAllocateResponse` models
-exactly that message (kubelet device plugin API ``v1beta1``) as a frozen value, and converts
-to and from the JSON that Go's ``encoding/json`` writes for it (snake_case keys, empty fields
-omitted), so a Go device plugin can hand its response to ``hami-trio allocate``.
-
-:func:`configure_host_pid_broker` is the merge HAMi's device plugin applies to the response
-of every container that gets HAMi-core.  It never mutates its input; it
-returns a new response in which:
-
-1. every reserved broker env key is gone, then - broker on - ``LIBVGPU_HOSTPID_BROKER=1`` is
-   set (a stale ``0`` or ``true`` cannot survive, whatever the switch);
-2. exactly one writable mount targets ``/tmp/vgpulock`` (host: the prepared lock parent),
-   placed where the first path-equivalent entry was (or appended);
-3. broker on: exactly one read-only mount of the host's ``/var/run/hami/hostpid`` targets
-   ``/tmp/vgpulock/hostpid``, placed the same way; broker off: no mount targets it;
-4. the parent comes before the nested broker mount - the runtime applies mounts in order,
-   and a parent mounted after its child would hide the child;
-5. every other mount stays, in its order.  "Targets" compares
-   :func:`~hami_trio.allocation.constants.container_target` values, so ``/tmp//vgpulock/`` or
-   ``tmp/./vgpulock`` are replaced too.
-
-The merge is idempotent: applying it to its own output changes nothing.
+How this works: :class:`ContainerAllocateResponse` models the device plugin API's
+``v1beta1`` message (env, mounts, devices, annotations, CDI devices) as a frozen value that
+converts to and from the JSON Go's ``encoding/json`` writes for it, so a Go device plugin can
+hand its response to ``hami-trio allocate``.  :func:`configure_host_pid_broker` is the merge
+applied to every HAMi-core container's response: it returns a new response with the broker
+env switch set exactly, exactly one writable ``/tmp/vgpulock`` mount and (broker on) one
+read-only broker mount below it, in an order the runtime can apply, every other mount kept.
+Targets are compared the way Go cleans paths; the merge is idempotent and never mutates its
+input.  The rules and an example: docs/allocation.md (The merge).
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """The agent's read-only check of the shared lock parent: gauges and a rate-limited warning.
 
-How this works.  The device plugin prepares ``/tmp/vgpulock`` before each allocation and
-refuses an unsafe one (``prepare_lock_parent``); a Go plugin cannot export our refusal counter,
-and a refusal only shows when the next pod fails to start.  So the agent looks at the same
-directory itself, every monitor interval, with :func:`~hami_trio.allocation.lockdir.
-inspect_lock_parent` (``O_PATH`` descriptors and ``fstat`` only: it never creates, chmods or
-follows anything, and a FIFO at the name cannot block it), and exports:
-
-- ``hami_trio_lock_parent_ok``: 1 while the directory is safe or not created yet, 0 while it
-  is unsafe (the next allocation on this node will be refused);
-- ``hami_trio_lock_parent_unsafe{reason}``: 1 for the reason found, 0 for every other reason.
-
-The first time it is unsafe, and again at most every ``warn_interval`` seconds while it stays
-so (or at once when the reason changes), one warning names the path, the reason and the exact
-recovery command; a recovery is logged once at info level.  A missing directory is not an
-error: nothing has prepared it yet.  The agent's readiness does not depend on it - the agent
-itself works either way, and an unready agent would also drop the node's metrics.
+How this works: a Go device plugin cannot export the refusal counter and a refusal only
+shows when the next pod fails, so the agent looks at ``/tmp/vgpulock`` itself every monitor
+interval with :func:`~hami_trio.allocation.lockdir.inspect_lock_parent` (``O_PATH`` and
+``fstat`` only: nothing created, chmodded or followed), exports ``hami_trio_lock_parent_ok``
+and ``hami_trio_lock_parent_unsafe{reason}``, and warns with the recovery command the first
+time and then at most every ``warn_interval`` seconds (at once when the reason changes).
+Readiness does not depend on it.  docs/allocation.md (Watching it from the agent).
 """
 
 from __future__ import annotations

@@ -1,44 +1,14 @@
 """The broker's filesystem boundary: lock directory and file, socket directory, socket path.
 
-How this works: :func:`open_broker_socket` walks the objects in a fixed order and refuses,
-with :class:`~hami_trio.errors.BrokerStartupError` naming the path and the reason, anything
-it did not create or cannot trust:
-
-1. **Owner.** The default path ``/var/run/hami/hostpid/broker.sock`` requires euid 0 and
-   expects root to own everything; a custom path (tests, development) expects the current
-   euid.  Root may name another expected UID; it then hands what it creates to it.
-2. **Where the lock may live.** The socket's directory is bind-mounted (read-only) into
-   every workload, and a read-only mount does not stop ``flock``: a lock file there could be
-   taken by any workload process that is its owner - uid 0 with no capability at all - and
-   every later broker start would fail.  So the lock lives in its own directory *beside*
-   the socket's directory, never in it: by default ``<socket dir>-lock/broker.lock``
-   (``/var/run/hami/hostpid-lock/broker.lock``), which no workload mounts.  A lock path whose
-   directory is the socket's directory, lies below it or above it is refused.
-3. **Lock directory**: created with mode 0700 if missing; refused if it is a symlink, not a
-   directory or owned by another UID; its mode is set to 0700.  Only its owner can add,
-   rename or remove entries there, so the lock file is decided relative to its descriptor.
-4. **Lock** ``broker.lock``: opened with ``O_NOFOLLOW`` (a symlink is refused), created 0600,
-   must be a regular file of the expected owner without group/other bits, and is held with
-   ``flock(LOCK_EX | LOCK_NB)`` until :meth:`BrokerSocket.close`, so a second broker fails here
-   instead of replacing the first one's socket.
-5. **Socket directory** (the socket's parent): created with mode 0711 if missing; refused if
-   it is a symlink, not a directory, owned by another UID or the lock directory itself under
-   another name; its mode is set to 0711.  Everything below is decided relative to an
-   open descriptor of this directory.
-6. **Socket path**: nothing there is fine; a non-socket or a socket of another owner is
-   refused; a socket of the expected owner is probed with a 50 ms connect: live (another
-   server still answers) is refused, stale is removed.  Then a ``broker.lock`` that an
-   earlier version left in the socket directory is removed if it is a regular file of the
-   expected owner (anything else there is left alone; this version never opens it, so no
-   file in the socket directory can stop a broker from starting).
-7. **Bind**: a non-blocking listening socket, chmod 0666 so every workload UID can connect
-   (the 0711 directory and the read-only mount are the access boundary), its
-   ``(st_dev, st_ino)`` recorded.  On close the path is unlinked only if it still names that
-   socket, so a replacement renamed into place by an operator survives.
-
-Everything here is synchronous and bounded (the probe is the only wait, 50 ms); the trio
-server calls it once before it reports ready.  Modes are set explicitly after creation, so a
-restrictive umask (077) changes nothing.
+How this works: :func:`open_broker_socket` walks the objects in a fixed order - owner rule,
+the lock's place (its own directory beside the socket's directory, never in what workloads
+mount), the 0700 lock directory, ``broker.lock`` (``O_NOFOLLOW``, held with ``flock``), the
+0711 socket directory, the socket path (a stale socket of ours is removed, a live one
+refused), then bind (0666) and record the socket's identity - deciding each name relative to
+an open directory descriptor.  Anything it did not create or cannot trust is refused with a
+:class:`~hami_trio.errors.BrokerStartupError` naming the path and the reason; root may name
+another expected UID and hands it what it creates.  Synchronous and bounded (a 50 ms probe);
+modes are set explicitly, whatever the umask.  The table of rules: docs/security.md.
 """
 
 from __future__ import annotations

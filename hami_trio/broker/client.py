@@ -1,40 +1,14 @@
 """The host PID broker's client side: what HAMi-core does, in Python.
 
 How this works: :func:`query_host_pid` trusts the broker only after every check HAMi-core
-makes has passed, in this order (the first failing check is the :class:`Reason` reported):
-
-=========  ========================================================  =================
-step       check                                                     reason
-=========  ========================================================  =================
-switch     ``LIBVGPU_HOSTPID_BROKER`` is exactly ``1``               ``disabled``
-directory  exists                                                    ``missing``
-           is a real directory (opened ``O_PATH|O_NOFOLLOW``)        ``unsafe_mode``
-           owned by root                                             ``unsafe_owner``
-           no group/other write bits                                 ``unsafe_mode``
-           on a read-only mount (``statvfs`` ``ST_RDONLY``)          ``not_read_only``
-socket     exists                                                    ``missing``
-           is a socket (``lstat``: a symlink is not)                 ``not_socket``
-           owned by root                                             ``unsafe_owner``
-connect    someone listens (``ECONNREFUSED``: a stale socket file)   ``stale``
-           the listener's ``SO_PEERCRED`` uid is root                ``peer_not_root``
-exchange   one monotonic deadline over connect + write + read        ``timeout``
-           closed or reset before any response byte                  ``refused``
-           anything but magic, version 1, status 0, 0 < PID < 2**31  ``malformed``
-=========  ========================================================  =================
-
-The filesystem checks all go through one ``O_PATH`` descriptor of the directory, so they look
-at the same directory; the directory being root-owned, not writable by others and read-only is
-what keeps its entries from being swapped before ``connect``.  ``connect`` runs in blocking mode
-bounded by ``SO_SNDTIMEO`` (time left): a non-blocking ``AF_UNIX`` connect to a full backlog
-fails at once with ``EAGAIN`` instead of waiting for room.  Writes and reads then use socket
-timeouts set to the time left.  Any failure is a :class:`NoAnswer` value, never an exception:
-the caller falls back to its existing discovery path, and a PID is returned only when
-it came from a valid response.
-
-The decisions (what a ``stat`` result, an ``errno`` or a response means) are pure functions;
-:func:`query_host_pid` is the thin I/O around them.  The names of the reasons are the same
-words the C reference client (``clients/c``) prints.  Stdlib only besides the codec and the
-switch, so a child that dropped to uid 65534 can run it after its imports.
+makes has passed, in HAMi-core's order - the exact ``1`` switch, then the directory (through
+one ``O_PATH`` descriptor: a real, root-owned directory without group/other write bits on a
+read-only mount), the socket, a listener whose ``SO_PEERCRED`` uid is root, and one
+monotonic deadline over connect, write and read - and reports the first failing check as a
+:class:`Reason` (the words the C reference client prints) in a :class:`NoAnswer` value,
+never an exception.  The decisions are pure functions and :func:`query_host_pid` the thin
+I/O around them; stdlib only besides the codec and the switch, so a child dropped to uid
+65534 can run it.  The checks, in order, with their reasons: docs/protocol.md.
 """
 
 from __future__ import annotations

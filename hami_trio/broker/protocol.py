@@ -1,27 +1,13 @@
 """Wire protocol v1 of the host PID broker: a sans-I/O codec.
 
-How this works: one Unix stream connection carries exactly one request and one response,
-then closes.  All integers are unsigned and big-endian (network byte order)::
-
-    request, 8 bytes                      response, 12 bytes
-    offset size field                     offset size field
-    0      4    magic  b"HPID"            0      4    magic    b"HPID"
-    4      2    version (u16) = 1         4      2    version  (u16) = 1
-    6      2    command (u16) = 1         6      2    status   (u16): 0 ok, 1 invalid request
-                                          8      4    host PID (u32); 0 unless status is 0
-
-The only valid v1 request is therefore ``48 50 49 44 00 01 00 01``.  A successful response
-is ``48 50 49 44 00 01 00 00`` followed by the PID; the answer to an invalid request is
-``48 50 49 44 00 01 00 01 00 00 00 00``.
-
-This module only turns bytes into values and values into bytes: no sockets, no trio, no
-clock, so it can be fuzzed in isolation.  Parsing errors raise :class:`ProtocolError`,
-which carries the status the server should answer with, or ``None`` when the right reaction
-is to close without an answer (a short request, or any defect in a *response*, which a
-client never answers).  :class:`RequestReader` accumulates a request that arrives in pieces.
-
-The PID is never part of a request: the server takes it from the kernel (``SO_PEERCRED``)
-after the request validated, so nothing here accepts a PID from the peer.
+How this works: one Unix stream connection carries one 8-byte request and one 12-byte
+response (big-endian ``magic b"HPID", version 1, command 1`` / ``magic, version, status,
+host PID``), then closes; the only valid request is ``48 50 49 44 00 01 00 01``.  This
+module only turns bytes into values and back - no sockets, no trio, no clock - so it can be
+fuzzed alone.  Parsing errors raise :class:`ProtocolError` with the status the server should
+answer, or ``None`` to close without an answer (a short request, any defect in a response);
+:class:`RequestReader` accumulates a request that arrives in pieces.  A request never carries
+a PID: the server takes it from ``SO_PEERCRED``.  The byte tables: docs/protocol.md.
 """
 
 from __future__ import annotations

@@ -1,41 +1,17 @@
 """The host PID broker server on trio.
 
-How this works: trio has no Unix-socket listener that is fast enough for microsecond
-exchanges (every ``trio.socket`` call and every task spawn is a trip through the scheduler),
-so the broker drives a raw non-blocking listening socket itself:
-
-1. The accept loop waits with :func:`trio.lowlevel.wait_readable` on the listening socket,
-   then drains up to :data:`ACCEPT_BATCH` connections in one go.
-2. **Fast path.** For each accepted connection it tries one non-blocking ``recv``.  A real
-   client writes its 8 bytes right after ``connect``, so they are usually already there: the
-   broker validates them (one compare with the only valid request: the measured exception to
-   the codec's front door), reads ``SO_PEERCRED``, sends the 12-byte answer and closes,
-   inline, with no task, no slot and no wait.  Connections without their bytes are retried once more
-   after the whole batch (which gives their writers a few more microseconds).
-3. **Slow path.** A connection still incomplete after the retry needs a slot: one token of a
-   :class:`trio.CapacityLimiter` taken *without waiting*.  If every slot is taken the
-   connection is closed at once and counted ``rejected_full`` (never queued).  Otherwise
-   a task in the broker's nursery reads the rest through the codec's
-   :class:`~hami_trio.broker.protocol.RequestReader` under one deadline that covers the whole
-   exchange from the moment of accept; at the deadline it is closed without an answer.
-
-A complete request is validated before anything else: invalid -> status 1 and PID 0;
-valid -> the peer's PID from ``SO_PEERCRED`` of the connected socket, as the kernel reports it
-in the broker's PID namespace; a PID <= 0 or a credential error -> closed without an
-answer.  Errors of one connection never leave its exchange.  Transient accept errors (out of
-file descriptors or memory) back off 5 ms doubling to 1 s; any other accept error ends the
-broker with :class:`~hami_trio.errors.BrokerError`.
-
-The connection-pressure policy and its limits are documented in ``docs/security.md``: in
-short, clients that send their request promptly never need a slot, so idle connections can
-only exhaust slots that honest clients rarely use, and the default limit is sized to the
-file-descriptor budget (thousands) rather than to a handful of workers.
-
-Lifecycle: :func:`serve_broker` sets up the filesystem boundary (:mod:`.boundary`), reports a
-:class:`BrokerHandle` through ``task_status.started`` once the socket listens, and runs until
-:meth:`BrokerHandle.stop` (graceful: stop accepting, remove the socket, let in-flight
-exchanges finish within their deadline) or cancellation (in-flight exchanges are cancelled);
-either way the socket is removed if it is still ours and the lock released.
+How this works: every ``trio.socket`` call and task spawn is a trip through the scheduler,
+too slow for microsecond exchanges, so the broker drives a raw non-blocking listening socket
+itself.  The accept loop waits on it with :func:`trio.lowlevel.wait_readable` and accepts up
+to :data:`ACCEPT_BATCH` connections; one whose 8 bytes are already there is answered inline
+(the **fast path**: one compare with the only valid request - the measured exception to the
+codec's front door - then ``SO_PEERCRED`` and the 12-byte answer, no task, no slot).  The
+others, after one retry, take a :class:`trio.CapacityLimiter` token without waiting (full:
+closed and counted) and a task reads the rest through the codec's
+:class:`~hami_trio.broker.protocol.RequestReader` under one deadline from accept.  Transient
+accept errors back off; others end the broker.  :func:`serve_broker` reports a
+:class:`BrokerHandle` once the socket listens.  The answers and the connection-pressure
+policy: docs/protocol.md and docs/security.md.
 """
 
 from __future__ import annotations
@@ -492,7 +468,11 @@ async def serve_broker(
     """Run the host PID broker until stopped or cancelled.
 
     Start it with ``handle = await nursery.start(serve_broker, config)``: the handle is
-    reported only once the socket listens.  Process-wide side effect: the soft
+    reported only once the socket listens (after :mod:`.boundary` set up the files).  It
+    runs until :meth:`BrokerHandle.stop` (graceful: stop accepting, remove the socket, let
+    in-flight exchanges finish within their deadline) or cancellation (in-flight exchanges
+    are cancelled); either way the socket is removed if it is still ours and the lock
+    released.  Process-wide side effect: the soft
     ``RLIMIT_NOFILE`` is raised to ``max_exchanges + FD_RESERVE`` when it is lower and the
     hard limit allows (a warning is logged when it does not).
 

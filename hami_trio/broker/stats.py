@@ -1,19 +1,11 @@
 """The broker's self-metrics: plain counters on the hot path, a Prometheus collector to read them.
 
-How this works: the broker answers an exchange in a few microseconds, and a
-``prometheus_client`` Counter or Histogram takes a lock on every update, which would be a
-visible share of that.  The broker runs in one trio thread, so :class:`BrokerStats` keeps
-plain integers (one per outcome, one per latency bucket) and :class:`BrokerCollector` turns a
-snapshot of them into metric families whenever the registry is scraped, possibly from
-another thread (reading an ``int`` or copying a ``list`` is atomic under the GIL; buckets are
-accumulated from one copy, so a scrape is never non-monotonic).
-
-Exported names (the metric contract shared with the rest of hami-trio):
-
-- ``hami_trio_broker_exchanges_total{outcome}`` counter, outcomes :data:`OUTCOMES`;
-- ``hami_trio_broker_exchanges_in_flight`` gauge: exchanges holding a slot right now;
-- ``hami_trio_broker_exchange_duration_seconds`` histogram: accept to close, every outcome
-  except ``rejected_full`` (which costs nothing but a ``close``).
+How this works: a prometheus-client metric takes a lock on every update, a visible share of a
+microsecond exchange, so :class:`BrokerStats` keeps plain integers (one per outcome in
+:data:`OUTCOMES`, one per latency bucket) on the broker's trio thread, and
+:class:`BrokerCollector` turns a copy of them into ``hami_trio_broker_exchanges_total``,
+``..._exchanges_in_flight`` and ``..._exchange_duration_seconds`` at scrape time, from any
+thread, never going backwards.  The names and why: docs/metrics.md.
 """
 
 from __future__ import annotations

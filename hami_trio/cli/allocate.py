@@ -1,20 +1,13 @@
 """``hami-trio prepare-lock-dir`` and ``hami-trio allocate``: integration for Go plugins.
 
-HAMi's device plugin is written in Go and cannot import this package; it can run a command.
-
-- ``prepare-lock-dir [PATH]`` runs ``prepare_lock_parent``: exit 0 and no output when the
-  directory is (now) root-owned with mode 01777, else one line with the reason and the
-  recovery command and exit 1.  For operators, init containers and plugins that exec it
-  before each allocation.  With the broker on (``--broker``, or ``LIBVGPU_HOSTPID_BROKER=1``
-  in its environment like ``allocate``) it also prepares the nested mount point
-  ``hostpid``.  ``--repair`` is the operator's explicit recovery: it gives a directory that
-  another UID took over back to the trusted UID and removes a symlink or file planted at
-  ``hostpid`` (see ``prepare_lock_parent``), then prints one line saying what it left.
-- ``allocate`` is ``allocate()`` as a filter: it reads one ContainerAllocateResponse as JSON
-  (Go ``encoding/json`` of the kubelet type) on stdin, prepares the lock parent, applies the
-  merge with the switch from ``LIBVGPU_HOSTPID_BROKER`` in its own environment, and writes
-  the merged response as JSON on stdout.  Nothing is written on a refusal (exit 1) or on
-  malformed input (exit 2).
+How this works: HAMi's device plugin is written in Go and cannot import this package, but
+it can run a command.  ``prepare-lock-dir [PATH]`` runs ``prepare_lock_parent`` (``--broker``
+or ``LIBVGPU_HOSTPID_BROKER=1``: the ``hostpid`` mount point too; ``--repair``: the
+operator's explicit recovery): exit 0 and no output when it is safe, else one line with the
+reason and the recovery command and exit 1.  ``allocate`` is ``allocate()`` as a filter:
+one ContainerAllocateResponse as JSON on stdin, the merged one on stdout; nothing is written
+on a refusal (exit 1) or on malformed input (exit 2).  docs/allocation.md (A Go device
+plugin, Repair).
 """
 
 from __future__ import annotations

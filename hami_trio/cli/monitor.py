@@ -1,20 +1,12 @@
 """``hami-trio inspect`` and ``hami-trio monitor``: the monitor core from the command line.
 
-``inspect FILE [--json]`` reads one ``.cache`` file read-only (never following a symlink,
-never blocking on a FIFO) and prints what the monitor would see: the format, the control
-words and, per device, the limits and the sums over the live process slots.  A file that
-does not load exits 1 with the loader's reason.
-
-``monitor --hook-path DIR`` is ``hami-trio run`` without the host PID broker (same flags
-minus ``--broker-*``, same wiring in :mod:`hami_trio.agent.service`): the feedback loop in the
-foreground until SIGINT/SIGTERM, which finish the current tick and exit 0; alongside it the
-Kubernetes pod watch of ``$NODE_NAME`` (kubeconfig from ``$KUBECONFIG`` or the in-cluster
-service account; ``--no-kubernetes`` runs without it: every container directory counts as
-live under its pod UID and nothing is deleted), and the HTTP endpoint on
-``--metrics-bind-address`` (default ``:9394``) with ``/metrics`` (upstream's names;
-``--legacy-metrics`` adds the old ones), ``/healthz`` and ``/readyz`` (monitor ticking or
-MIG-paused, pod watch listed).  Start-up errors (bad flags, no pod source configuration, a
-busy port) exit 1 or 2 with one line.
+How this works: ``inspect FILE [--json]`` reads one ``.cache`` file read-only (never
+following a symlink, never blocking on a FIFO) and prints what the monitor would see, or
+exits 1 with the loader's reason.  ``monitor`` is ``hami-trio run`` without the host PID
+broker - the same flags minus ``--broker-*`` and the same wiring
+(:mod:`hami_trio.agent.service`): the feedback loop, the pod watch (or ``--no-kubernetes``)
+and the HTTP endpoint, in the foreground until SIGINT/SIGTERM.  Start-up errors exit 1 or 2
+with one line.  docs/monitor.md (Configuration, the ``inspect`` document).
 """
 
 from __future__ import annotations

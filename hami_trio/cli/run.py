@@ -1,19 +1,13 @@
 """``hami-trio run``: the node agent in the foreground - the DaemonSet's entrypoint.
 
-How this works: the flags (and their environment fallbacks, see
-:mod:`hami_trio.agent.config`) resolve into one :class:`~hami_trio.agent.config.AgentConfig`;
-``--print-config`` prints it as JSON and exits 0.  Otherwise the hook directory is checked,
-logging configured, the configuration's warnings logged, and
-:func:`~hami_trio.agent.service.run_agent` runs under ``trio.run`` until SIGTERM or SIGINT.
-
-Exit status: 0 after a signal (graceful drain, or a second signal's immediate cancel); 1 when a
-task could not start (a broker refusal, a busy metrics port, an unusable kubeconfig - one line
-naming the path or address and the reason) or failed after the start (one line naming the
-task and its error; ``--log-level=debug`` logs the traceback); 2 for an invalid flag or
-variable (one line naming it and the value).
-
-``hami-trio monitor`` is the same agent without the broker (:func:`run_agent_process` is
-shared), so the two commands cannot drift apart.
+How this works: the flags and their environment fallbacks (:mod:`hami_trio.agent.config`)
+resolve into one :class:`~hami_trio.agent.config.AgentConfig`; ``--print-config`` prints it
+as JSON and exits 0.  Otherwise the hook directory is checked, logging configured, the
+warnings logged, and :func:`~hami_trio.agent.service.run_agent` runs under ``trio.run`` until
+SIGTERM or SIGINT.  Exit 0 after a signal, 1 when a task could not start or failed (one line
+naming it), 2 for an invalid flag or variable.  ``hami-trio monitor`` shares
+:func:`run_agent_process`, so the two commands cannot drift apart.  docs/operations.md
+(Stopping, failures and exit codes).
 """
 
 from __future__ import annotations

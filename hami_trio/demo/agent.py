@@ -1,27 +1,12 @@
 """The demo's agent: the real ``hami-trio run`` agent, in the demo's own process.
 
-How this works.  :func:`agent_argv` is the ``hami-trio run`` command line the demo stands
-for - ``--no-kubernetes``, the demo's hook path, broker socket and MIG lock, its interval,
-``/metrics`` on the loopback interface - and :data:`AGENT_ENV` its environment (the broker's
-switch, ``LIBVGPU_HOSTPID_BROKER=1``).  :func:`serve_demo_agent` resolves them with
-:func:`~hami_trio.agent.config.config_from_flags` (the ``run`` command's rules, without its
-parser), checks the host like the command does, and runs
-:func:`~hami_trio.agent.service.serve_agent` - the agent itself, one nursery with the broker,
-the monitor and the endpoint - in the demo's nursery.  The agent's log goes to a file in the
-demo's root, so it does not tear the live table.
-
-In-process rather than a child process, because:
-
-- it is the same ``serve_agent`` that ``hami-trio run`` runs (which only adds the process's
-  signal handling; the demo handles Ctrl-C for the agent and the workloads together);
-- its handle gives the real port when port 0 was asked for, and a graceful
-  :meth:`~hami_trio.agent.service.AgentHandle.request_stop` whose end the demo awaits;
-- an agent failure arrives as one exception in the demo's nursery, and nothing of the agent
-  can outlive the demo, even if the demo is killed.
-
-The price: the demo's view and scrapes share the agent's event loop (a redraw four times a
-second and a scrape in a worker thread twice a second, next to a broker that answers three
-exchanges in the whole run).
+How this works: :func:`agent_argv` is the ``hami-trio run`` command line the demo stands for
+(``--no-kubernetes``, the demo's paths and interval, ``/metrics`` on the loopback interface)
+and :data:`AGENT_ENV` its environment (the broker switch).  :func:`serve_demo_agent` resolves
+them with :func:`~hami_trio.agent.config.config_from_flags` (the ``run`` command's rules,
+without its parser), checks the host like the command does and runs
+:func:`~hami_trio.agent.service.serve_agent` in the demo's nursery, its log in a file of the
+demo's root.  Why in-process, and the price: docs/demo.md (The agent).
 """
 
 from __future__ import annotations

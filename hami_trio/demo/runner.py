@@ -1,29 +1,14 @@
 """The demo's orchestration: the agent, the workloads, the timeline, the shutdown.
 
-How this works (all in one trio nursery tree; every child process is waited for):
-
-1. **Root.**  A private root (a fresh temporary directory, or ``--root``) holds the hook path
-   with one directory per container (``{pod uid}_{name}``, created here as HAMi's device
-   plugin would), the broker's directory, the MIG lock path and the logs.
-2. **Agent.**  The agent runs through the injected ``serve_agent`` (the real one is
-   :func:`hami_trio.demo.agent.serve_demo_agent`): the broker on the root's socket, the
-   monitor on the hook path with the demo's short interval, ``/metrics`` on the loopback
-   interface.  It runs outside the run's cancel scope, so that even after a Ctrl-C it is
-   stopped with its graceful drain (which removes the broker's socket), last.
-3. **Workloads.**  Each workload is ``python -m hami_trio.demo.workload`` in its own session
-   (a Ctrl-C in the terminal reaches only the demo, which stops everything in order), with
-   HAMi-core's environment and a sandbox of its own (see :mod:`~hami_trio.demo.sandbox`).
-   The demo waits until every workload has asked the broker and attached its shared region,
-   reads each sandboxed process's host PID from ``/proc`` (the kernel's answer, to check the
-   broker's), then sends every workload the same start time.
-4. **Timeline.**  While the run lasts, the demo scrapes ``/metrics`` (the table's agent
-   columns, the MIG pause, the broker's counters), redraws the view, and creates the MIG lock
-   at 40 % of the run and removes it at 60 %.
-5. **Shutdown.**  At the end, or at the first SIGINT/SIGTERM: one last scrape, then the
-   workloads' standard input is closed (they report their history and exit; stragglers are
-   killed after a few seconds), then the agent is stopped.  Finally the demo checks that
-   none of its processes and no broker socket is left, and summarises
-   (:func:`~hami_trio.demo.report.summarize`).
+How this works, in one trio nursery tree (every child process is waited for): a private root
+holds the hook path with one directory per container, the broker's directory, the MIG lock
+and the logs; the agent runs through the injected ``serve_agent`` outside the run's cancel
+scope (so it is always stopped last, with its drain); each workload runs as ``python -m
+hami_trio.demo.workload`` in its own session and sandbox; once all attached, the demo checks
+their host PIDs in ``/proc`` and sends one start time.  While the run lasts it scrapes
+``/metrics``, redraws the view and holds the MIG lock from 40 % to 60 %; at the end or the
+first signal it scrapes once more, closes the workloads' input, stops the agent, checks that
+nothing is left and summarises (:func:`~hami_trio.demo.report.summarize`).  docs/demo.md.
 """
 
 from __future__ import annotations

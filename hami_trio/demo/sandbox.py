@@ -1,32 +1,14 @@
 """Container-like sandboxes from real kernel objects: namespaces, bind mounts, a private /tmp.
 
-How this works.  A HAMi workload sees the host PID broker through the device plugin's
-read-only bind mount of the host's ``/var/run/hami/hostpid`` at ``/tmp/vgpulock/hostpid``, and
-its ``.cache`` file through a read-write mount of ``$HOOK_PATH/containers/<pod>_<ctr>``.  The
-local demo gives each simulated workload the same view without a container runtime:
-
-1. :func:`enter_container` (in the workload's host-side process, before it forks)
-   calls ``unshare`` for a new mount namespace and a new PID namespace (and, when not root,
-   a user namespace mapping the caller's UID and GID to 0 in it), then opens the two host
-   directories;
-2. it makes every mount private (nothing propagates back to the machine), mounts a fresh
-   tmpfs on ``/tmp`` and bind-mounts the broker directory read-only at
-   :data:`SANDBOX_BROKER_DIR` (the path HAMi-core uses) and the container directory
-   read-write at :data:`SANDBOX_CACHE_DIR`.  The sources are reached through
-   ``/proc/self/fd/N`` of descriptors opened before the tmpfs hides them (the demo's
-   private root is itself under ``/tmp``);
-3. the caller then forks: the child is PID 1 of the new PID namespace, calls
-   :func:`mount_proc` for a ``/proc`` of its own namespace and, as root, drops to an
-   unprivileged UID with :func:`drop_privileges`.
-
-The broker client's checks then pass exactly as in production: the directory is owned by
-root (in a user namespace, the caller's own UID shows as 0, for the files and for
-``SO_PEERCRED`` alike), it has no group/other write bits and it is on a read-only mount.
-
-Only the calling process is affected; every mount lives and dies with the namespace.  The
-functions raise :class:`OSError` with the failing call and ``errno`` text.  They must run in
-a single-threaded process (``unshare(CLONE_NEWUSER)`` requires it), and they are also what
-the test suite's own sandbox helpers (``tests/sandbox.py``) use.
+How this works: a HAMi workload sees the broker through a read-only bind mount at
+``/tmp/vgpulock/hostpid`` and its ``.cache`` file through a read-write mount of its container
+directory; the demo gives each simulated workload the same view without a runtime.
+:func:`enter_container` (before the workload forks, in a single-threaded process) unshares a
+mount and a PID namespace (plus a user namespace mapping the caller to 0 when not root),
+makes every mount private, mounts a tmpfs on ``/tmp`` and bind-mounts the two directories at
+:data:`SANDBOX_BROKER_DIR` and :data:`SANDBOX_CACHE_DIR`; the forked child, PID 1, calls
+:func:`mount_proc` and, as root, :func:`drop_privileges`.  A failure is an ``OSError`` naming
+the call.  Why the client's checks then pass unchanged: docs/demo.md (Sandboxes).
 """
 
 from __future__ import annotations

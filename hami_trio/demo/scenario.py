@@ -1,24 +1,13 @@
 """The demo's scenario: which workloads run, what they do when, and where everything lives.
 
-Pure data and functions, no I/O.  A run of ``duration`` seconds is described in fractions of
-the run so that the same story plays in 6 seconds (CI) and in 30 (the README):
-
-- ``inference`` (priority 0, high) and ``training`` (priority 1, low) share the fake GPU
-  :data:`GPU_A`.  Inference launches kernels in two bursts (:data:`INFERENCE_BURSTS`);
-  training always wants to launch, so the monitor blocks it during each burst and unblocks
-  it about two ticks after the burst ends (``recent_kernel`` counts down from 2).
-- ``notebook`` (priority 1) works now and then on :data:`GPU_B`: nobody outranks it there.
-- Further workloads alternate between the two GPUs at priority 1, busy from the start to
-  58 % of the run.
-- The MIG apply lock exists from 40 % to 60 % of the run (:data:`MIG_WINDOW`), between the
-  bursts: the monitor pauses, its view of the shared regions freezes, then it resumes.
-
-:class:`DemoPaths` is the layout of the demo's private root: the hook path with one
-directory per container (``{pod uid}_{container}``, as the device plugin creates them), the
-broker directory and socket, and the MIG lock.
-
-A workload gets its HAMi-core settings in the environment variables HAMi's device plugin
-sets (:func:`hami_core_env`), and its behaviour (:class:`Behaviour`) as JSON.
+How this works: pure data and functions, no I/O.  A run is described in fractions of its
+``duration``, so the same story plays in 6 seconds (CI) and in 30 (the README): the
+high-priority ``inference`` bursts (:data:`INFERENCE_BURSTS`) on :data:`GPU_A` and blocks
+``training`` there, ``notebook`` works alone on :data:`GPU_B`, further workloads alternate
+between the two, and the MIG lock holds the monitor during :data:`MIG_WINDOW`.
+:class:`DemoPaths` is the layout of the demo's private root; a workload gets HAMi-core's
+settings as the device plugin's environment (:func:`hami_core_env`) and its
+:class:`Behaviour` as JSON.  The timeline table: docs/demo.md (The scenario).
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """The demo's live terminal view: a table redrawn in place, or plain lines when not a terminal.
 
-How this works.  :func:`render_frame` and :func:`render_plain` are pure: they turn the
-:class:`~hami_trio.demo.report.RunRecord` (the workloads' own reports and the latest scrape
-of the agent's ``/metrics``) into lines.  :class:`Screen` writes them: on a terminal it
-redraws the frame in place with plain ANSI sequences (cursor up, erase line; no curses),
-clipped to the terminal's width so that no line wraps and the redraw stays aligned; on
-anything else (a pipe, a CI log) it prints the story's events as they happen and a compact
-status block every few seconds.  Colour only on a terminal, and never with ``NO_COLOR`` set.
-
-Columns: the memory, SM utilisation and "blocked" flag are what the *agent* exports (so they
-freeze while the MIG lock pauses the monitor); the state and the control words
-(``recent_kernel``, ``utilization_switch``) are what the *workload* reads from its shared
-region; the host PID is the broker's answer, checked against the PID the kernel shows the
-demo for that process.
+How this works: :func:`render_frame` and :func:`render_plain` are pure - the
+:class:`~hami_trio.demo.report.RunRecord` (the workloads' reports and the latest scrape) in,
+lines out.  :class:`Screen` writes them: on a terminal it redraws the frame in place with
+plain ANSI sequences (no curses), clipped to the terminal's width so that no line wraps; on
+anything else it prints the story's events as they happen and a status block every few
+seconds.  Colour only on a terminal, never with ``NO_COLOR``.  What each column means:
+docs/demo.md (What you see).
 """
 
 from __future__ import annotations

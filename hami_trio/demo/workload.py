@@ -1,31 +1,14 @@
 """One simulated HAMi-core workload: a separate process that behaves like a CUDA process.
 
-Run as ``python -m hami_trio.demo.workload PLAN_JSON`` by the demo, with the environment
-HAMi's device plugin gives a container (``CUDA_TASK_PRIORITY``, ``CUDA_DEVICE_MEMORY_LIMIT``,
-``CUDA_DEVICE_SM_LIMIT``, ``NVIDIA_VISIBLE_DEVICES``, ``CUDA_DEVICE_MEMORY_SHARED_CACHE``,
-``LIBVGPU_HOSTPID_BROKER``).  How it works:
-
-1. **Sandbox.**  The process started by the demo stays on the host side as a small
-   supervisor (like a container runtime's shim): it enters new mount and PID namespaces
-   (:func:`~hami_trio.demo.sandbox.enter_container`), forks, forwards ``SIGTERM`` and exits
-   with its child's status.  The child is PID 1 of its own PID namespace, mounts its own
-   ``/proc`` and, when started as root, drops to uid 65534; everything is imported before,
-   because that UID cannot read a virtual environment under ``/root``.
-2. **cuInit.**  Like HAMi-core it asks the broker for its host PID through the real client
-   (:func:`~hami_trio.broker.client.query_host_pid`, every check included, at the fixed path
-   ``/tmp/vgpulock/hostpid/broker.sock``), then creates its ``.cache`` file (magic written
-   last, ``sizeof + 1`` bytes) and attaches process slot 0 with its own PID and the host PID.
-3. **Run.**  It reports ``attached`` and waits for the demo's ``go`` line with the run's start
-   time, then steps every ``step`` seconds: inside a busy window it "launches a kernel"
-   (``recent_kernel = 2``, ``last_kernel_time = now``, SM utilisation in its slot) unless the
-   monitor blocks it (``recent_kernel < 0``), in which case it waits and counts the time, as
-   HAMi-core holds launches; its memory follows the plan.  The decisions are the pure
-   :class:`Tracker`.
-4. **Stop.**  End of its standard input (the demo closed it, or died) or ``SIGTERM`` ends the
-   run: it reports ``final`` (launches, blocked episodes, launch windows) and exits 0.
-
-Reports are JSON lines on standard output (:data:`REPORT_TYPES`), times in
-``time.monotonic()`` seconds, which is the same clock in every process of the machine.
+How this works: run as ``python -m hami_trio.demo.workload PLAN_JSON`` with the environment
+HAMi's device plugin gives a container, the process stays on the host side as a supervisor
+that enters a sandbox (:func:`~hami_trio.demo.sandbox.enter_container`), forks and forwards
+``SIGTERM``.  The child, PID 1 of its namespace, does what HAMi-core does in ``cuInit`` (the
+real :func:`~hami_trio.broker.client.query_host_pid`, then its ``.cache`` file, magic last),
+reports ``attached``, waits for the demo's ``go`` and then launches "kernels" every step
+unless the monitor blocks it (the pure :class:`Tracker` decides), until end of input or
+``SIGTERM``; it reports ``final`` and exits 0.  Reports are JSON lines
+(:data:`REPORT_TYPES`).  docs/demo.md (How it maps to production, Sandboxes).
 """
 
 from __future__ import annotations

@@ -1,27 +1,15 @@
 """Host GPU metrics from NVML, behind a small interface, released during MIG changes.
 
-How this works.  :class:`HostGpuSampler` owns one NVML session.  :meth:`HostGpuSampler.sample`
-initialises NVML on first use and reads, per device, the memory in use, the GPU utilisation
-and the memory controller utilisation; the result is a tuple of frozen
-:class:`HostGpuSample` values that :func:`host_gpu_families` turns into the Prometheus families
-upstream's vGPUmonitor exports (same names, help and labels).  NVML calls block (a lost GPU can
-take seconds), so the sampler is only called from worker threads - the metrics endpoint scrapes
-in one - and a lock serialises the session.
-
-No NVML library, no driver, no GPU: the first failed ``nvmlInit`` logs one line and the host
-metrics are simply absent; initialisation is retried at most every ``retry_interval`` seconds
-without logging again (the driver container may start after the agent).  A device that fails a
-query is skipped for that scrape (rate-limited log); ``NOT_SUPPORTED`` memory info (unified
-memory devices) only drops the memory metric, like upstream.
-
-MIG: while the MIG apply lock exists the device plugin reconfigures GPUs and open NVML handles
-can get in its way.  :meth:`HostGpuSampler.pause` shuts NVML down (waiting for a running sample
-to finish) and keeps it down, and :meth:`HostGpuSampler.resume` lets the next sample initialise
-it again.  Upstream opens and closes NVML on every scrape instead; keeping one session open
-between scrapes costs nothing and avoids an ``nvmlInit`` per scrape.
-
-The NVML binding is injected (:class:`NvmlLibrary`); production uses nvidia-ml-py's ``pynvml``
-module, tests a fake that raises pynvml's real error classes.
+How this works: :class:`HostGpuSampler` owns one NVML session, opened on first use and kept
+between scrapes; :meth:`HostGpuSampler.sample` reads each device's memory in use, GPU and
+memory controller utilisation into frozen :class:`HostGpuSample` values, which
+:func:`host_gpu_families` turns into upstream vGPUmonitor's families.  NVML calls block, so
+it runs only in worker threads, serialised by a lock.  Without NVML, a driver or a GPU the
+families are absent (one log line, quiet retries every ``retry_interval``); a failing device
+is skipped for that scrape.  :meth:`HostGpuSampler.pause` shuts NVML down while the MIG lock
+exists and :meth:`HostGpuSampler.resume` lets the next sample open it again.  The binding is
+injected (:class:`NvmlLibrary`: ``pynvml`` in production, a fake in tests).  docs/metrics.md
+(Host GPU metrics).
 """
 
 from __future__ import annotations

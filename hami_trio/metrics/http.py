@@ -1,43 +1,15 @@
 """The agent's HTTP endpoint: ``/metrics``, ``/healthz`` and ``/readyz``.
 
-How this works.  A small ASGI application (:func:`make_app`) answers the three paths; a small
-HTTP/1.1 server of our own (:func:`serve_http`, trio and h11) serves it in the agent's
-nursery.  The port is reachable from every pod on the node, so the server treats each
-connection as hostile and bounds what one can cost:
-
-- HTTP/1.1 (and 1.0) only: an ``Upgrade: h2c`` header is ignored (the answer is a plain
-  HTTP/1.1 response) and an HTTP/2 preface (``PRI * HTTP/2.0``) gets 505 and a close.
-- At most ``max_connections`` connections at once (:class:`HttpLimits`); a connection
-  accepted at the cap closes the one whose current request (or accept) is oldest, so a flood
-  of stalled clients cannot lock a scraper out for longer than it keeps flooding, and the
-  server never holds more than the cap.  The listen backlog is bounded too.
-- One deadline per request, from its first byte (from the accept for a connection's first
-  request) to the last byte of the answer: a client that stops reading is closed when it
-  passes, and the rendered body is freed with it.  The request head (request line and
-  headers, at most ``max_request_head`` bytes) has its own shorter deadline (slowloris); an
-  idle keep-alive connection closes after ``keep_alive_timeout``.  A request with a body is
-  answered and the connection closed without reading the body.
-- Every connection ends with one outcome, counted in ``hami_trio_http_connections_total``
-  (:class:`HttpCollector`); refusals are logged at most once a minute per outcome.
-
-- ``/metrics`` renders the injected Prometheus registry in the format the ``Accept`` header
-  asks for (Prometheus text 0.0.4 by default, OpenMetrics for Prometheus servers that prefer
-  it; prometheus-client's ``choose_encoder`` decides), gzip-compressed when accepted, and
-  ``name[]`` restricts the output like prometheus-client's own handlers.  Rendering walks every
-  collector - at a few thousand containers that is tens of milliseconds of CPU - so it runs in
-  a worker thread (at most ``max_concurrent_scrapes`` at once) and the trio loop keeps serving
-  the broker meanwhile.  prometheus-client's own ASGI app would render on the event loop,
-  which is why we do not mount it directly.
-- ``/healthz`` answers 200 while the event loop runs (liveness).
-- ``/readyz`` runs the injected readiness checks (name -> callable returning bool; for
-  instance broker listening, pod source synced, monitor ticking) and answers 200 when all
-  pass, else 503; the body lists each check like Kubernetes' own ``/readyz?verbose``.
-
-Binding follows Go's ``net.Listen`` for the ``--metrics-bind-address`` value: ``:9394`` listens
-on every interface (IPv6 dual-stack, or IPv4 only where the host has no IPv6), ``host:port`` on
-one address, port 0 on a free port.  We create and bind the socket ourselves so that a busy
-port fails start-up with a clear :class:`~hami_trio.errors.HttpServerError` before
-``task_status.started()``, and the started value reports the port actually bound.
+How this works: :func:`make_app` is a small ASGI application for the three paths, and
+:func:`serve_http` a small HTTP/1.1 server of our own (trio and h11) that runs it in the
+agent's nursery.  Every pod can reach the port, so each connection is hostile and bounded
+(:class:`HttpLimits`): HTTP/1.1 only, a connection cap that evicts the oldest waiter, one
+deadline per request and a shorter one for its head, bodies never read, every outcome counted
+by :class:`HttpCollector`.  ``/metrics`` renders the registry in a worker thread (content
+negotiation, gzip, ``name[]``); ``/readyz`` runs the injected checks.  The socket is bound
+here, Go ``net.Listen`` style, so a busy port fails start-up with an
+:class:`~hami_trio.errors.HttpServerError` before ``task_status.started()``.  Paths, limits and
+binding: docs/metrics.md.
 """
 
 from __future__ import annotations

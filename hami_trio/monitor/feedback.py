@@ -1,31 +1,13 @@
 """Observe: HAMi's priority feedback as a pure function.
 
-Every tick the monitor hands :func:`observe` one snapshot per container and applies the
-writes it returns.  The decisions are HAMi's own (``cmd/vGPUmonitor/feedback.go``):
-
-1. *Activity.*  A container with ``recent_kernel > 0`` launched a kernel recently (HAMi-core
-   sets 2 on each launch).  Decrement it; if it is still > 0, the container is *active* and
-   its ``priority`` is counted once on every valid UUID slot (first byte not NUL) it lists.
-   Negative priorities are never counted.
-2. *Blocking.*  A container is blocked (``recent_kernel = -1``; HAMi-core holds launches
-   while it is negative) when an active container with a numerically lower priority (more
-   important) shares any of its UUIDs; otherwise a blocked one is released
-   (``recent_kernel = 0``).
-3. *Utilisation switch.*  ``utilization_switch = 1`` (HAMi-core enforces the SM limit) when
-   it is blocked or when more than one activity of its own priority is counted on any of its
-   UUIDs (another task of the same priority), else 0.
-
-Where we differ from upstream, on purpose:
-
-- Memory is bounded by the input.  Upstream grows a list per UUID to ``priority + 1``
-  entries, so a tenant writing ``priority = 2147483647`` makes it allocate 16 GiB; here each
-  UUID keeps a small count per priority actually seen.
-- Only the final value of each word is written (upstream may first store the decremented
-  ``recent_kernel`` and then ``-1``), and only when it differs from what was read.
-- Output order is the input order, so the same input always gives the same writes.
-
-Every UUID slot is considered (16 of them), not only the first ``num``, exactly as upstream.
-Nothing here does I/O; :mod:`hami_trio.monitor.loop` applies the writes.
+How this works: every tick the monitor hands :func:`observe` one snapshot per container and
+applies the writes it returns.  The decisions are HAMi's own (``cmd/vGPUmonitor/feedback.go``):
+a container whose ``recent_kernel`` is still > 0 after the decrement is active and counts its
+priority on each of its UUIDs; a container outranked on a shared UUID by an active one is
+blocked (``recent_kernel = -1``), and released (0) when it no longer is; the
+``utilization_switch`` is 1 when blocked or when its own priority is counted twice on a UUID.
+Unlike upstream, memory is bounded by the input, only final changed values are written, and
+the output order is the input order.  No I/O here.  The rules: docs/monitor.md (Feedback).
 """
 
 from __future__ import annotations

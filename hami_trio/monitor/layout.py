@@ -1,26 +1,12 @@
 """The byte layouts of HAMi-core's shared region (``.cache`` file) and the loader rule.
 
-HAMi-core (``libvgpu.so``) keeps one shared region per container in a file that the monitor
-reads and writes from the host.  Two layouts exist in the field (``docs/monitor.md`` and
-``LAYOUT.md`` give the history); both are described by the single table :data:`REGION_TABLE`
-below (one row per C member, one offset column per format) and :data:`SLOT_TABLE` (the
-per-process slot).  A test compiles C declarations of the same structs with gcc and checks
-every offset and size in these tables against ``offsetof``/``sizeof``.
-
-Which layout a file has is decided by :func:`classify` from the file size and the 12-byte
-header alone, exactly as HAMi's Go monitor does, with one addition (the rejected
-mis-layout)::
-
-    size < 12                               -> rejected "too_small"
-    magic != 19920718                       -> rejected "magic" (value found reported)
-    sizeof(v0) <= size < sizeof(v1)         -> v0   (v0 has no version words)
-    size in (2008984, 2008985)              -> rejected "unknown_version" (known mis-layout)
-    major == 1 and size >= sizeof(v1)       -> v1
-    anything else                           -> rejected "unknown_version" ("size N version a.b")
-
-Files are normally ``sizeof + 1`` bytes (HAMi-core writes one NUL past the struct); both
-sizes load.  This module is pure: no I/O, only integers and bytes.  All multi-byte values are
-little-endian (the layouts are the x86_64 / aarch64 Linux ABI).
+How this works: the two layouts in the field (v0 and v1) are one table,
+:data:`REGION_TABLE` (one row per C member, one offset column per format), plus
+:data:`SLOT_TABLE` for the per-process slot; a test checks every offset and size against
+gcc's ``offsetof``/``sizeof``.  :func:`classify` decides a file's layout from its size and
+12-byte header alone, exactly as HAMi's Go monitor does, plus the rejected mis-layout of
+sizes 2008984 and 2008985.  Pure: no I/O, only integers and little-endian bytes.  The loader
+rule's table and the layouts' history: docs/monitor.md (Loader rule).
 """
 
 from __future__ import annotations

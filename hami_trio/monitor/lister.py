@@ -1,69 +1,16 @@
 """Container discovery: ``$HOOK_PATH/containers/*`` -> one snapshot per container per tick.
 
-How this works.  The device plugin creates ``$HOOK_PATH/containers/{PodUID}_{ContainerName}``
-for every container it gives a vGPU, and HAMi-core creates a ``.cache`` file in it on the
-container's first ``cuInit``.  Each :meth:`ContainerLister.update`:
-
-1. lists the containers directory once (entries sorted by name, so everything downstream is
-   deterministic); entries that are not real directories are skipped (a symlink with one
-   warning), names that do not split on the first ``_`` into two non-empty parts are
-   skipped with one warning each (not one per tick);
-2. asks the injected :class:`~hami_trio.pods.source.PodSource` about the pod; when the
-   source is authoritative and does not know the pod, the directory is scheduled for
-   removal once its mtime is older than the resync interval: its file handle is closed, it
-   leaves the view at once, and the tick never looks at it again.  The removal itself
-   (:mod:`hami_trio.monitor.remover`: iterative, never follows a link or opens anything but
-   a directory, bounded memory and descriptors) runs off the tick, in
-   :meth:`ContainerLister.serve_removals`: one budgeted step per tick in a worker thread the
-   tick does not wait for; a directory it could not remove completely comes back to the
-   tick, which decides again under the same rules;
-3. for a container with an open handle, ``lstat``\\ s the cache path and checks it still names
-   the open file (device, inode, regular, one link); if so, reads the live ranges; if not,
-   counts ``replaced``, closes the handle and re-lists the directory;
-4. re-lists a directory only when it has no usable handle: more than two names matching
-   ``libvgpu.so*`` or ``*.cache`` (or more than :data:`MAX_DIR_ENTRIES` entries) is
-   ``too_many_files``; otherwise the first ``*.cache`` by name is opened (see
-   :mod:`hami_trio.monitor.region`);
-5. closes the handles of directories that disappeared (upstream leaks their mappings).
-
-Rejections are reported once per change (the counter callback and one rate-limited log line
-naming the container), not every tick.  A file whose content is bad but which is still the
-same regular file keeps its handle and is re-read next tick: HAMi-core writes the magic
-last, so a file seen mid-initialisation loads on the next tick.
-
-The lister yields to trio by the work it does, not per container, so that a tick neither
-starves the broker and the metrics server sharing the event loop nor ignores a cancellation
-(deadline, MIG lock) for long, whatever the tenants wrote.  Work is counted in units of about
-one byte: each container costs :data:`CONTAINER_WORK`, plus the bytes its region read asked
-for (a tenant's ``proc_num`` 1024 on 16 devices makes that ~2 MB and ~100,000 integers to
-parse) plus the size of any directory listed on the event loop.  Once the count reaches
-:data:`WORK_PER_CHECKPOINT` the tick checkpoints, so the work done between two checkpoints
-stays below :data:`MAX_STEP_WORK` (the budget plus the most one container can cost); with at
-most the budget's worth of cheap containers, at most :data:`CHECKPOINT_EVERY` of them pass
-between two checkpoints.  The count is one integer add and compare per container.
-
-Directory listings are bounded twice.  A directory is opened ``O_NOFOLLOW | O_DIRECTORY``
-relative to its parent and ``fstat``-ed first: one no larger than :data:`INLINE_DIR_BYTES`
-is listed on the event loop; a larger one - ext4 keeps a directory's size after its
-entries are deleted, so a tenant that once created a million entries leaves a directory of
-~100 MB that every listing walks, even empty - is listed through that same descriptor in a
-worker thread (the tick waits for it; the event loop does not).  Either way a container
-directory's listing stops after :data:`MAX_DIR_ENTRIES` entries.  The containers directory
-itself follows the same size rule.  Cancellation leaves every container consistent and
-publishes nothing.
-
-API for the metrics collector and the agent (read-only, never touches a file)::
-
-    view = lister.containers()        # Mapping[ContainerKey, ContainerState], latest tick
-    for key, state in view.items():
-        key.pod_uid, key.container_name, state.pod        # PodInfo or None
-        state.status                                      # LOADED / NO_CACHE_FILE / REJECTED
-        state.snapshot                                    # UsageSnapshot when LOADED
-        state.rejection                                   # (reason, message) when REJECTED
-
-The mapping is immutable and replaced as a whole at the end of each tick, so a scrape sees
-one consistent tick.  :class:`~hami_trio.monitor.loop.Monitor` exposes the same
-``containers()``.
+How this works: each :meth:`ContainerLister.update` lists the containers directory once
+(sorted; only real directories named ``{PodUID}_{ContainerName}``), asks the
+:class:`~hami_trio.pods.source.PodSource` about each pod, and for each container checks that
+its open :mod:`~hami_trio.monitor.region` handle still names the same ``.cache`` file, reads
+it, or (re-)lists the directory to open one.  Directories of pods gone longer than the resync
+interval leave the view and go to :meth:`ContainerLister.serve_removals`
+(:mod:`~hami_trio.monitor.remover`, a budgeted step per tick, off the tick).  The tick
+checkpoints by work done (about one unit per byte read or listed, see the constants below);
+large directories are listed in a worker thread.  The result is one immutable mapping per
+tick (:meth:`ContainerLister.containers`).  Rules and reasons: docs/monitor.md (Discovery,
+Tenant threat model).
 """
 
 from __future__ import annotations
@@ -440,6 +387,11 @@ class ContainerLister:
     def removals_pending(self) -> int:
         """Directories scheduled for removal and not yet finished (the current one included)."""
         return len(self._removing)
+
+    @property
+    def removal_in_progress(self) -> bool:
+        """True while one removal's descriptors are open (between two steps of it)."""
+        return self._remover is not None
 
     async def serve_removals(self) -> None:
         """Run the removals, one budgeted step after each tick that found work; never returns.

@@ -1,59 +1,14 @@
 """The monitor's tick loop: refresh, Observe, write back - paused while the MIG lock exists.
 
-How this works.  :class:`Monitor` owns a :class:`~hami_trio.monitor.lister.ContainerLister`
-and runs, every ``interval`` seconds of ``trio.current_time()`` (default 5 s):
-
-1. ``lister.update()`` - read every container (with checkpoints, see the lister);
-2. :func:`~hami_trio.monitor.feedback.observe` on the loaded snapshots (pure);
-3. a last ``lstat`` of the MIG lock, then ``lister.apply(writes)`` (synchronous, no
-   checkpoint: a tick's writes are never half-applied because of a cancellation).
-
-Each tick runs under its own deadline (``tick_deadline``, default: the interval); a tick that
-overruns is abandoned at its next checkpoint, logged, and nothing of it is published.
-
-MIG lock.  While ``/tmp/hami/hami-mig-apply.lock`` (configurable) exists, the
-feedback loop's cancel scope is cancelled and no shared region is read or written; the loop
-resumes (with an immediate tick) once the lock is gone.  The lock is watched with inotify on
-its directory (``inotify_simple`` under ``trio.lowlevel.wait_readable``), which cancels a
-running tick within one checkpoint, and ``lstat``-ed before every tick and before every batch
-of writes, so a lock that exists at start-up pauses from the start (upstream misses that) and
-a lost watch only costs latency.  The directory is created 0755 at start-up (and again by
-the next check if it was removed); any failure there is logged, never fatal.  Pause and
-resume are logged once each.
-
-The lock's directory is trusted only if root (or the agent's UID) controls it: anyone who
-could create ``/tmp/hami`` first - another host user, a pod with a ``hostPath`` of ``/tmp`` -
-could otherwise pause the monitor at will and freeze the containers it has blocked.  Every
-check (:func:`probe_mig_lock`) goes through descriptors without following symlinks: the
-directory must be a real directory of root or the agent, not writable by group or others,
-under a parent that is either not writable by others or sticky.  An unsafe directory is
-refused visibly - one warning naming the path, the reason and the recovery,
-``hami_trio_monitor_mig_lock_dir_unsafe`` 1, ``hami_trio_monitor_mig_lock_refusals_total``
-counted, :attr:`Monitor.mig_lock_problem` set (``/readyz`` lists it) - and never followed:
-the monitor runs as if there were no lock, because a directory a tenant made must not freeze
-feedback.  It is re-checked before every tick, so a fixed or replaced directory counts again
-at once; start-up never fails because of it.
-
-Self-metrics (names fixed by the project's metric contract) go into the injected registry:
-``hami_trio_monitor_tick_duration_seconds``, ``hami_trio_monitor_containers``,
-``hami_trio_monitor_files_rejected_total{reason}``, ``hami_trio_monitor_mig_paused``,
-``hami_trio_monitor_mig_lock_dir_unsafe``,
-``hami_trio_monitor_mig_lock_refusals_total{reason}`` and
-``hami_trio_monitor_removals_total{outcome}`` (gone pods' directories; the removal runs
-beside the ticks, see the lister).
-
-API for the agent and the metrics collector::
-
-    async with trio.open_nursery() as nursery:
-        monitor = await nursery.start(
-            functools.partial(serve_monitor, config, pod_source=source, registry=registry)
-        )
-        monitor.containers()   # Mapping[ContainerKey, ContainerState]; never touches a file
-        monitor.paused         # True while the MIG lock holds the loop
-        monitor.request_stop() # finish the current tick, then serve_monitor returns
-
-``task_status.started(monitor)`` is called after the first tick has completed (so the first
-scrape has data), or at once if the MIG lock holds the loop paused at start-up.
+How this works: :class:`Monitor` runs a tick every ``interval`` seconds under its own
+deadline - ``lister.update()``, the pure :func:`~hami_trio.monitor.feedback.observe`, a last
+``lstat`` of the MIG lock, then ``lister.apply(writes)`` without a checkpoint - and runs the
+lister's removals beside it.  While the MIG lock exists (watched with inotify and checked
+before every tick and every batch of writes) the loop's cancel scope is cancelled and no
+region is touched; a lock directory that root or the agent does not control is refused
+(:func:`probe_mig_lock`) and never followed.  :func:`serve_monitor` reports the
+:class:`Monitor` once the first tick is done.  Self-metrics, the MIG pause and the API:
+docs/monitor.md.
 """
 
 from __future__ import annotations
@@ -530,6 +485,11 @@ class Monitor:
     def containers(self) -> Mapping[ContainerKey, ContainerState]:
         """The latest completed tick's containers; never touches a file (see the lister)."""
         return self._lister.containers()
+
+    @property
+    def lister(self) -> ContainerLister:
+        """The lister this monitor ticks: what it tracks, its handles, its removals."""
+        return self._lister
 
     @property
     def paused(self) -> bool:

@@ -1,48 +1,12 @@
 """Removing a gone pod's container directory: iterative, bounded, resumable, never following.
 
-A tenant owns everything inside its container directory and may fill it before its pod ends
-(millions of files, a chain of directories thousands deep, symlinks, FIFOs, devices) or, while
-a force-deleted pod's processes still run, change it while it is being removed.
-:class:`TreeRemover` removes one such tree under these rules:
-
-- **Nothing is followed.**  Only directories are ever opened, each relative to its parent's
-  descriptor with ``O_NOFOLLOW | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC`` (a symlink fails with
-  ``ELOOP``, a FIFO or device with ``ENOTDIR`` before any driver is asked to open it); then
-  ``fstat`` checks it is the directory that was listed (same inode) on the containers
-  directory's file system and mount (``st_dev`` and the kernel's mount id): a mount point is
-  never crossed.  Everything else - files, symlinks, FIFOs, sockets, devices - is unlinked by
-  name (``unlinkat``) without being opened.
-- **Bounded memory and descriptors, whatever the shape.**  Entries are unlinked while the
-  directory is being read (``os.scandir`` on a descriptor; no listing is ever materialised).
-  The walk keeps a stack of at most ``max_depth`` open directories (two descriptors each: the
-  directory and its reader) and their names; a subdirectory found at that depth is *moved up*
-  (``renameat`` into the container directory itself, under a fresh random
-  ``.hami-trio-removing-*`` name that nothing holds) instead of being entered, so a chain
-  of any depth is removed as a series of chains at most ``max_depth`` deep.  Both ends of
-  the rename are descriptors inside the tree being removed, so nothing leaves it.  Entries
-  that cannot be removed are remembered by ``(st_dev, st_ino)`` so that they are skipped,
-  at most ``max_failures`` of them; past that the removal stops.
-- **Budgeted and resumable.**  :meth:`TreeRemover.step` does at most ``budget.ops`` entries
-  and at most ``budget.seconds`` of work, then returns; the next call resumes where it
-  stopped.  The caller (the lister) runs one step per monitor tick in a worker thread that
-  the tick does not wait for.
-- **Never fatal, always visible.**  Every entry that cannot be removed becomes a
-  :class:`Failure` (path and reason) for the caller to log and count; the removal then
-  finishes with outcome ``failed`` once everything else is gone, and the directory is retried
-  later under the lister's normal rules.  Only ``OSError`` is caught, at each system call;
-  anything else is a bug and propagates.
-
-If entries keep appearing while the removal runs (a process of the gone pod still writing),
-each step still does its budget and no more; the removal ends once the writer stops.
-
-Usage (in one thread at a time; the lister drives it from a worker thread)::
-
-    remover = TreeRemover("/usr/local/vgpu/containers", "podUID_ctr")
-    while not remover.step(Budget(ops=20_000, seconds=0.1)):
-        ...                               # the next tick
-    remover.outcome                       # "removed" or "failed"
-    remover.drain_failures()              # Failure(path, reason) since the last drain
-    remover.close()                       # always: closes every descriptor
+How this works: :class:`TreeRemover` opens only directories (relative to their parent,
+``O_NOFOLLOW | O_DIRECTORY | O_NONBLOCK``, then checks inode, device and mount id) and
+unlinks everything else by name; it holds at most ``max_depth`` directories open and moves a
+deeper one up under a fresh ``.hami-trio-removing-*`` name.  :meth:`TreeRemover.step` does
+one budget of work and the next call resumes; entries it cannot remove become
+:class:`Failure` entries for the caller to log.  The rules and the figures: docs/monitor.md
+(Removal of a gone pod's directory).
 """
 
 from __future__ import annotations
@@ -172,6 +136,15 @@ def mount_id(fd: int) -> int | None:
 
 class TreeRemover:
     """Removes ``root/name`` and everything in it, a budget at a time (see the module doc).
+
+    Usage (one thread at a time; the lister drives it from a worker thread)::
+
+        remover = TreeRemover("/usr/local/vgpu/containers", "podUID_ctr")
+        while not remover.step(Budget(ops=20_000, seconds=0.1)):
+            ...                               # the next tick
+        remover.outcome                       # "removed" or "failed"
+        remover.drain_failures()              # Failure(path, reason) since the last drain
+        remover.close()                       # always: closes every descriptor
 
     Args:
         root: the directory that holds the tree (the containers directory); trusted.

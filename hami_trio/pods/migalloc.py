@@ -1,42 +1,14 @@
 """Decoding of the ``hami.io/vgpu-mig-allocations`` pod annotation (pure).
 
-HAMi's scheduler writes, for a pod that got MIG devices, a JSON list of allocations; the
-device plugin fills in the runtime identity (``migUUID``, ``gpuInstanceID``,
-``computeInstanceID``) once the MIG device exists.  The metrics collector turns every complete
-allocation into one ``hami_mig_device_info`` row.
-
-This module accepts exactly what HAMi's Go decoder (``DecodeMigAllocations`` on top of
-``encoding/json``) accepts, so the same annotation gives the same rows:
-
-- the value is a JSON array (or ``null``, or empty: no allocations) of objects;
-- object keys match field names exactly or, failing that, case-insensitively (Go's rule);
-  unknown keys are ignored; a ``null`` value leaves the field at its zero value;
-- ``containerIndex``/``deviceIndex`` are integers (no fraction, no exponent, within int64),
-  ``gpuInstanceID``/``computeInstanceID`` and ``placement.start``/``size`` are uint32, the rest
-  strings; any other JSON type is an error;
-- every allocation needs ``containerIndex >= 0``, ``deviceIndex >= 0``, a ``gpuUUID``, a
-  ``profile`` and ``placement.size > 0``; the runtime identity is all three fields or none; a
-  ``(containerIndex, deviceIndex)`` pair appears once.
-
-Any error rejects the whole annotation (:class:`MigAnnotationError`): the collector skips
-that pod's MIG rows with one warning, as upstream does.
-
-Whoever creates a pod writes this annotation (no GPU request is needed), so beyond Go's rules
-the decoder bounds what one pod can add and refuses what cannot be exported, always with
-:class:`MigAnnotationError` and never with another exception:
-
-- a value longer than :data:`MAX_ANNOTATION_BYTES` (64 KiB; a full node of 16 GPUs with 7 MIG
-  devices each is about 25 KB) is refused before it is parsed;
-- nesting too deep for the JSON parser (Python raises ``RecursionError`` there) is refused;
-- more than :data:`MAX_ALLOCATIONS` (128) allocations are refused (16 GPUs x 7 MIG devices is
-  112, the most any node can give one pod);
-- ``gpuUUID``, ``profile`` and ``migUUID`` longer than :data:`MAX_FIELD_CHARS` (128; real ones
-  are 40 characters or fewer) are refused: they become label values;
-- a string holding a lone UTF-16 surrogate (the JSON escape ``\\ud800`` without its pair) is
-  refused: it cannot be encoded as UTF-8, so it could not be exported (Go would replace it
-  with U+FFFD; no real UUID or profile contains one).
-
-Error messages never copy a value longer than a few dozen characters.
+How this works: HAMi's scheduler writes a JSON list of MIG allocations on a pod and the
+device plugin fills in each one's runtime identity; the metrics collector turns every
+complete allocation into one ``hami_mig_device_info`` row.  :func:`decode_mig_allocations`
+accepts exactly what HAMi's Go decoder accepts (same annotation, same rows), and because
+whoever creates a pod writes this annotation it also bounds what one pod can add
+(:data:`MAX_ANNOTATION_BYTES`, :data:`MAX_ALLOCATIONS`, :data:`MAX_FIELD_CHARS`, nesting,
+lone surrogates).  Any error rejects the whole annotation with :class:`MigAnnotationError`,
+never another exception; the collector then skips that pod's MIG rows with one warning.
+The rules and the limits: docs/metrics.md (hami_mig_device_info).
 """
 
 from __future__ import annotations

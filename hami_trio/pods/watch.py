@@ -45,6 +45,7 @@ from hami_trio.pods.source import PodInfo
 __all__ = [
     "Backoff",
     "KubernetesPodSource",
+    "PodWatcher",
     "WatchSettings",
     "serve_pod_watch",
 ]
@@ -266,8 +267,15 @@ async def _open_api_client(access: KubeAccess) -> k8s_client.ApiClient:
     return k8s_client.ApiClient(configuration)
 
 
-class _Watcher:
-    """One pod watch: the list/watch loop around a configured kubernetes-asyncio client."""
+class PodWatcher:
+    """One pod watch: the list/watch loop around a configured kubernetes-asyncio client.
+
+    :func:`serve_pod_watch` builds one from the configuration and runs it inside its
+    trio-asyncio loop.  ``core`` is used only through ``list_pod_for_all_namespaces`` (with
+    ``_preload_content=False``), so a test can run :meth:`run` inside
+    ``trio_asyncio.open_loop()`` against a fake API under ``trio.testing.MockClock`` and
+    observe the exact backoff schedule; ``rng`` draws the jitter and the watch timeouts.
+    """
 
     def __init__(
         self,
@@ -481,7 +489,7 @@ async def serve_pod_watch(
                     access.describe(),
                 )
                 task_status.started()
-                await _Watcher(source, k8s_client.CoreV1Api(api), settings, rng).run()
+                await PodWatcher(source, k8s_client.CoreV1Api(api), settings, rng).run()
             finally:
                 source._set_connected(False)
                 # Close the aiohttp session even when cancelled, within a bounded time.

@@ -1,19 +1,12 @@
 """Write HAMi-core shared regions (``.cache`` files) from Python: tests, benchmark, demo.
 
-HAMi-core creates these files inside a CUDA container; without a GPU we need the same bytes
-from somewhere else.  :class:`RegionSpec` describes a region field by field, with the
-defaults a freshly initialised HAMi-core region has, and:
-
-- :func:`build_region` returns the file's bytes (``sizeof + 1`` by default, like HAMi-core);
-- :func:`write_region` writes them to a path, sparse by default (only the header, the used
-  process slots and the tail are written; the rest is a hole), so thousands of 2 MB files
-  cost a few MB of disk;
-- :class:`SimulatedWorkload` updates a written file in place the way HAMi-core does at run
-  time (a kernel launch, a process attaching or exiting), for the local demo and benchmarks.
-
-Offsets come from :mod:`hami_trio.monitor.layout`, and a test checks this module's output
-byte for byte against files written by a C program with its own struct declarations.  Values
-must fit their C types (uint64, int32, ...); anything else raises ``ValueError``.
+How this works: :class:`RegionSpec` describes a region field by field with a freshly
+initialised HAMi-core region's defaults; :func:`build_region` returns the file's bytes
+(``sizeof + 1`` by default), :func:`write_region` writes them sparse by default (header, used
+slots and tail only, so thousands of 2 MB files cost a few MB), and
+:class:`SimulatedWorkload` updates a written file in place as HAMi-core does at run time.
+Offsets come from :mod:`hami_trio.monitor.layout`; a test checks the output byte for byte
+against a C program's files.  Values must fit their C types, else ``ValueError``.
 """
 
 from __future__ import annotations

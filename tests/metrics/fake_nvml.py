@@ -50,6 +50,10 @@ class FakeNvml:
     def initialized(self) -> bool:
         return self._initialized
 
+    def lose_session(self) -> None:
+        """The driver went away under the caller: every call fails until the next init."""
+        self._initialized = False
+
     def _enter(self) -> None:
         self.threads.add(threading.get_ident())
         if not self._initialized:

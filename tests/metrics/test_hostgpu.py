@@ -127,7 +127,7 @@ def test_broken_session_is_reopened() -> None:
     nvml = FakeNvml(gpus=[A100])
     sampler = HostGpuSampler(nvml)
     assert sampler.sample() is not None
-    nvml._initialized = False  # the driver went away under us
+    nvml.lose_session()
     assert sampler.sample() is None
     assert not sampler.initialized
     assert sampler.sample() is not None

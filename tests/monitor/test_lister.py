@@ -298,9 +298,12 @@ async def test_removal_runs_a_budget_per_step_and_the_tick_never_looks_at_it(
         await lister.remove_step()
         steps += 1
         assert steps < 100
+        # Between two steps the unfinished removal keeps its descriptors open.
+        assert lister.removal_in_progress == directory.exists()
     assert steps >= 10
     assert outcomes == ["removed"]
     assert lister.removals_pending == 0
+    assert not lister.removal_in_progress
     assert "removing " in caplog.text
     assert f"removed {directory}" in caplog.text
 

@@ -279,7 +279,7 @@ async def test_overrunning_tick_is_abandoned_at_its_deadline(
         await trio.sleep(3)
         raise AssertionError("the deadline should have cancelled this")
 
-    monkeypatch.setattr(monitor._lister, "update", slow_update)
+    monkeypatch.setattr(monitor.lister, "update", slow_update)
     with caplog.at_level(logging.WARNING, logger="hami_trio.monitor.loop"):
         async with trio.open_nursery() as nursery:
             t0 = trio.current_time()
@@ -305,7 +305,7 @@ async def test_cancellation_closes_every_handle(autojump_clock: MockClock, hook:
     monitor = Monitor(config(hook), pod_source=StaticPodSource())
     async with trio.open_nursery() as nursery:
         await nursery.start(monitor.serve)
-        handle = monitor._lister._tracked["a_c"].handle
+        handle = monitor.lister.handle_of("a_c")
         nursery.cancel_scope.cancel()
     assert handle is not None
     assert handle.closed

@@ -540,6 +540,6 @@ def test_stopping_the_monitor_mid_removal_leaves_no_thread_or_descriptor(
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert gone.exists()  # unfinished (a few steps only)
     # serve() waited for the step's thread and closed the removal's descriptors.
-    assert monitor._lister._remover is None
-    assert monitor._lister.removals_pending == 1
+    assert not monitor.lister.removal_in_progress
+    assert monitor.lister.removals_pending == 1
     assert open_fds() == baseline

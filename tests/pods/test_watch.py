@@ -1,30 +1,41 @@
-"""Tests of the pod watch: backoff, settings and the source, then the real kubernetes-asyncio
-client over real HTTP(S) against :mod:`tests.pods.fake_kube`.
+"""Tests of the pod watch: backoff, settings and the source; the list/watch loop against a
+scripted API on a MockClock (exact delays from a seeded random source); then the real
+kubernetes-asyncio client over real HTTP(S) against :mod:`tests.pods.fake_kube`.
 
 The network tests run on the real clock with millisecond backoff settings: MockClock's
 autojump would treat waiting for a loopback socket as idle time and fire the client's
-timeouts.  Timing is only ever asserted as an upper bound on request counts, which a slow
-machine cannot break.
+timeouts.  They assert no timing at all; the schedule is the MockClock tests' job.
 """
 
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import random
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import cast
 
 import pytest
 import trio
+import trio.testing
+import trio_asyncio
 import trustme
+from kubernetes_asyncio import client as k8s_client
 from prometheus_client import CollectorRegistry
 
 from hami_trio.errors import ConfigError, PodSourceError
 from hami_trio.pods.access import KubeAccess
 from hami_trio.pods.source import PodInfo, PodSource
-from hami_trio.pods.watch import Backoff, KubernetesPodSource, WatchSettings, serve_pod_watch
+from hami_trio.pods.watch import (
+    Backoff,
+    KubernetesPodSource,
+    PodWatcher,
+    WatchSettings,
+    serve_pod_watch,
+)
 from tests.pods.fake_kube import FakeKubeApi
 
 FAST = WatchSettings(
@@ -41,27 +52,56 @@ FAST = WatchSettings(
 # Backoff, settings, the source --------------------------------------------------------------
 
 
+class FixedRandom(random.Random):
+    """A random source whose ``random()`` is always ``value``: 0.0 gives every delay's floor
+    (``uniform(a, b) == a``), 1.0 its ceiling."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__(0)
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
 def test_backoff_grows_with_jitter_and_caps() -> None:
     backoff = Backoff(0.5, 8.0, rng=random.Random(7))
     delays = [backoff.next_delay() for _ in range(10)]
     ceilings = [min(8.0, 0.5 * 2**n) for n in range(10)]
+    twin = random.Random(7)  # the same seed draws exactly the same jitter
+    assert delays == [twin.uniform(ceiling / 2, ceiling) for ceiling in ceilings]
     for delay, ceiling in zip(delays, ceilings, strict=True):
         assert ceiling / 2 <= delay <= ceiling
     assert delays == sorted(delays[:5]) + delays[5:]  # non-decreasing until the cap
     assert len(set(delays)) == len(delays)  # jittered
     backoff.reset()
-    assert 0.25 <= backoff.next_delay() <= 0.5
+    assert backoff.next_delay() == twin.uniform(0.25, 0.5)
     with pytest.raises(ValueError, match="initial"):
         Backoff(0, 1)
     with pytest.raises(ValueError, match="initial"):
         Backoff(2, 1)
 
 
+def test_backoff_interval_ends_are_exact() -> None:
+    floors = Backoff(0.5, 8.0, rng=FixedRandom(0.0))
+    assert [floors.next_delay() for _ in range(7)] == [0.25, 0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    tops = Backoff(0.5, 8.0, rng=FixedRandom(1.0))
+    assert [tops.next_delay() for _ in range(7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+    tops.reset()
+    assert tops.next_delay() == 0.5
+
+
 def test_backoff_survives_many_failures() -> None:
+    for value, last in ((0.0, 15.0), (1.0, 30.0)):
+        backoff = Backoff(0.1, 30.0, rng=FixedRandom(value))
+        for _ in range(5000):
+            delay = backoff.next_delay()
+        assert delay == last
     backoff = Backoff(0.1, 30.0, rng=random.Random(1))
-    for _ in range(5000):
-        delay = backoff.next_delay()
-    assert 15.0 <= delay <= 30.0
+    twin = random.Random(1)
+    for n in range(5000):
+        ceiling = 30.0 if n >= 9 else 0.1 * 2**n  # 0.1 * 2**9 = 51.2 is past the cap
+        assert backoff.next_delay() == twin.uniform(ceiling / 2, ceiling)
 
 
 def test_settings_are_validated() -> None:
@@ -82,6 +122,105 @@ def test_source_before_any_list() -> None:
     assert registry.get_sample_value("hami_trio_pod_watch_relists_total") == 0
     with pytest.raises(ConfigError):
         KubernetesPodSource("Bad_Name")
+
+
+# The list/watch loop on a MockClock -----------------------------------------------------------
+
+SCHEDULE = WatchSettings(backoff_initial=0.5, backoff_max=4.0, min_watch_duration=1.0)
+EMPTY_LIST = json.dumps({"metadata": {"resourceVersion": "7"}, "items": []}).encode()
+
+
+class ScriptedResponse:
+    """What ``list_pod_for_all_namespaces(_preload_content=False)`` returns: an aiohttp-like
+    response with a status, a body and a watch stream that ends at once."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status = status
+        self._body = body
+        self.content = self
+
+    async def read(self) -> bytes:
+        return self._body
+
+    async def readline(self) -> bytes:
+        return b""  # the server ended the watch
+
+    def close(self) -> None:
+        pass
+
+
+class ScriptedCore:
+    """A CoreV1Api stand-in: records when (MockClock time) each list and watch was asked for
+    and answers ``list_status`` / ``watch_status``."""
+
+    def __init__(self, *, list_status: int = 200, watch_status: int = 200) -> None:
+        self.list_status = list_status
+        self.watch_status = watch_status
+        self.lists: list[float] = []
+        self.watches: list[float] = []
+
+    async def list_pod_for_all_namespaces(self, **kwargs: object) -> ScriptedResponse:
+        if kwargs.get("watch"):
+            self.watches.append(trio.current_time())
+            return ScriptedResponse(self.watch_status, b'{"kind": "Status", "code": 503}')
+        self.lists.append(trio.current_time())
+        return ScriptedResponse(self.list_status, EMPTY_LIST)
+
+
+async def run_watcher(core: ScriptedCore, seed: int, until: Callable[[], bool]) -> None:
+    source = KubernetesPodSource("node-a")
+    watcher = PodWatcher(source, cast(k8s_client.CoreV1Api, core), SCHEDULE, random.Random(seed))
+    async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+        nursery.start_soon(watcher.run)
+        with trio.fail_after(600):
+            while not until():  # noqa: ASYNC110 - the loop under test has no event to wait on
+                await trio.sleep(0.001)
+        nursery.cancel_scope.cancel()
+
+
+def gaps(times: list[float]) -> list[float]:
+    return [later - earlier for earlier, later in itertools.pairwise(times)]
+
+
+def schedule(seed: int, count: int, *, per_attempt_draws: int = 0) -> list[float]:
+    """The delays a seeded :class:`Backoff` with ``SCHEDULE``'s bounds gives; each attempt
+    first draws ``per_attempt_draws`` other numbers from the same source (a watch's timeout)."""
+    rng = random.Random(seed)
+    backoff = Backoff(SCHEDULE.backoff_initial, SCHEDULE.backoff_max, rng=rng)
+    delays = []
+    for _ in range(count):
+        for _ in range(per_attempt_draws):
+            rng.random()
+        delays.append(backoff.next_delay())
+    return delays
+
+
+async def test_failed_lists_back_off_on_the_exact_schedule(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    core = ScriptedCore(list_status=503)
+    await run_watcher(core, 11, lambda: len(core.lists) == 9)
+    assert gaps(core.lists) == pytest.approx(schedule(11, 8), abs=1e-9)
+    assert core.watches == []
+
+
+async def test_failed_watches_back_off_on_the_exact_schedule(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    core = ScriptedCore(watch_status=503)
+    await run_watcher(core, 12, lambda: len(core.watches) == 9)
+    assert len(core.lists) == 1  # a failed watch resumes, it does not relist
+    # Each watch draws its server timeout from the same source before failing.
+    assert gaps(core.watches) == pytest.approx(schedule(12, 8, per_attempt_draws=1), abs=1e-9)
+
+
+async def test_watches_that_end_at_once_back_off_instead_of_spinning(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    core = ScriptedCore()  # every watch ends cleanly, at once, with no event
+    await run_watcher(core, 13, lambda: len(core.watches) == 9)
+    assert len(core.lists) == 1
+    assert gaps(core.watches) == pytest.approx(schedule(13, 8, per_attempt_draws=1), abs=1e-9)
 
 
 # Against the fake API server ---------------------------------------------------------------
@@ -331,11 +470,9 @@ async def test_error_responses_back_off(
     fake.end_watches()
     await wait_until(lambda: not source.authoritative)
     before = len(fake.requests)
-    await trio.sleep(1.0)
-    attempts = len(fake.requests) - before
-    # FAST backs off 0.02 s doubling to 0.2 s, each delay at least half its ceiling, so one
-    # second holds at most 0.01+0.02+0.04+0.08 then 0.1 s steps: 13 attempts, +1 in flight.
-    assert 1 <= attempts <= 14
+    # It keeps retrying (the exact schedule is test_failed_watches_back_off_on_the_exact_
+    # schedule's, on a MockClock) and keeps the pods it knows.
+    await wait_until(lambda: len(fake.requests) - before >= 3)
     assert pod_uids(source) == {uid}
     fake.fail_with(None)
     await wait_until(lambda: fake.open_watches == 1)
