@@ -17,8 +17,10 @@ memory devices) only drops the memory metric, like upstream.
 MIG: while the MIG apply lock exists the device plugin reconfigures GPUs and open NVML handles
 can get in its way.  :meth:`HostGpuSampler.pause` shuts NVML down (waiting for a running sample
 to finish) and keeps it down, and :meth:`HostGpuSampler.resume` lets the next sample initialise
-it again.  Upstream opens and closes NVML on every scrape instead; keeping one session open
-between scrapes costs nothing and avoids an ``nvmlInit`` per scrape.
+it again.  This module is the only one that pauses and resumes (:func:`serve_nvml_release`,
+and a sample that finds the lock gone); the collector only reads.  Upstream opens and closes
+NVML on every scrape instead; keeping one session open between scrapes costs nothing and
+avoids an ``nvmlInit`` per scrape.
 
 The NVML binding is injected (:class:`NvmlLibrary`); production uses nvidia-ml-py's ``pynvml``
 module, tests a fake that raises pynvml's real error classes.
@@ -31,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import trio
@@ -47,6 +50,7 @@ __all__ = [
 ]
 
 _log = logging.getLogger("hami_trio.monitor.hostgpu")  # the name in the logs (kept across moves)
+_RESUMED = "MIG apply lock gone: host GPU metrics resumed"
 
 
 class NvmlLibrary(Protocol):
@@ -116,6 +120,7 @@ class HostGpuSampler:
         self._lock = threading.Lock()
         self._initialized = False
         self._paused = False
+        self._paused_until: Callable[[], bool] | None = None
         self._next_init_attempt: float | None = None
         self._init_failure_logged = False
         self._device_errors = RateLimiter(300.0, max_keys=64, clock=clock)
@@ -178,7 +183,11 @@ class HostGpuSampler:
         """
         with self._lock:
             if self._paused:
-                return None
+                until = self._paused_until
+                if until is None or until():
+                    return None
+                self._resume()
+                _log.info(_RESUMED)
             nvml = self._library()
             if not self._ensure_initialized(nvml):
                 return None
@@ -227,21 +236,35 @@ class HostGpuSampler:
             memory_utilization=int(rates.memory),
         )
 
-    def pause(self) -> None:
+    def pause(self, until: Callable[[], bool] | None = None) -> None:
         """Shut NVML down and keep it down until :meth:`resume` (MIG lock held).
 
-        Blocks until a sample in progress finishes: call it from a worker thread.
+        With ``until`` (whether the MIG lock still holds), a sample that finds it False
+        resumes by itself, so host metrics return with the first scrape after the lock is
+        gone rather than at the next look of :func:`serve_nvml_release`.  Blocks until a
+        sample in progress finishes: call it from a worker thread.
         """
         with self._lock:
             self._paused = True
+            self._paused_until = until
             if self._nvml is not None:
                 self._shutdown(self._nvml)
 
-    def resume(self) -> None:
-        """Allow sampling again; the next sample opens a new NVML session."""
+    def resume(self) -> bool:
+        """Allow sampling again; the next sample opens a new NVML session.
+
+        Returns:
+            Whether sampling was paused (False: a sample had resumed it already).
+        """
         with self._lock:
-            self._paused = False
-            self._next_init_attempt = None
+            was_paused = self._paused
+            self._resume()
+            return was_paused
+
+    def _resume(self) -> None:
+        self._paused = False
+        self._paused_until = None
+        self._next_init_attempt = None
 
     def close(self) -> None:
         """Shut NVML down (at exit); a later sample would open it again."""
@@ -273,11 +296,10 @@ async def serve_nvml_release(
         while True:
             locked = mig_locked()
             if locked and not sampler.paused:
-                await trio.to_thread.run_sync(sampler.pause)
+                await trio.to_thread.run_sync(partial(sampler.pause, until=mig_locked))
                 _log.info("MIG apply lock held: NVML released, host GPU metrics paused")
-            elif not locked and sampler.paused:
-                await trio.to_thread.run_sync(sampler.resume)
-                _log.info("MIG apply lock gone: host GPU metrics resumed")
+            elif not locked and sampler.paused and await trio.to_thread.run_sync(sampler.resume):
+                _log.info(_RESUMED)
             await trio.sleep(poll_interval)
     finally:
         with trio.CancelScope(shield=True):
