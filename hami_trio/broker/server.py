@@ -56,6 +56,7 @@ from typing import Final
 import trio
 from prometheus_client import CollectorRegistry
 
+from hami_trio._trio import raise_fd_limit
 from hami_trio.broker.boundary import (
     DEFAULT_SOCKET_PATH,
     BrokerSocket,
@@ -177,20 +178,15 @@ def accept_backoff(previous: float) -> float:
 
 
 def _ensure_fd_budget(max_exchanges: int) -> None:
-    """Raise the soft descriptor limit so every slot can hold a connection.
+    """Raise the soft descriptor limit (:func:`~hami_trio._trio.raise_fd_limit`) and warn
+    when it stays below what every slot needs to hold a connection.
 
-    Go programs do this at start-up (soft limit raised to the hard limit); a Python process
-    keeps the often tiny default of 1024.  Without enough descriptors a flood of idle
-    connections turns into EMFILE accept errors and backoff pauses for everyone, instead of
-    ``rejected_full`` for the connections that need a slot.
+    Without enough descriptors a flood of idle connections turns into EMFILE accept errors
+    and backoff pauses for everyone, instead of ``rejected_full`` for the connections that
+    need a slot.
     """
     needed = max_exchanges + FD_RESERVE
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-        if target > soft:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
+    soft = raise_fd_limit(needed)
     if soft != resource.RLIM_INFINITY and soft < needed:
         logger.warning(
             "file descriptor limit %d is below max_exchanges + %d = %d; under an idle "
@@ -493,8 +489,8 @@ async def serve_broker(
 
     Start it with ``handle = await nursery.start(serve_broker, config)``: the handle is
     reported only once the socket listens.  Process-wide side effect: the soft
-    ``RLIMIT_NOFILE`` is raised to ``max_exchanges + FD_RESERVE`` when it is lower and the
-    hard limit allows (a warning is logged when it does not).
+    ``RLIMIT_NOFILE`` is raised to the hard limit (:func:`~hami_trio._trio.raise_fd_limit`;
+    a warning is logged when that is below ``max_exchanges + FD_RESERVE``).
 
     Args:
         config: where to listen and the connection-pressure settings.
