@@ -3,8 +3,9 @@
 How this works: a long-running command builds its configuration, configures logging, calls
 :func:`freeze_startup_objects` once its imports are done, and runs its trio main function
 with the signals it stops on received through :func:`relay_signals`: the first SIGTERM or
-SIGINT asks for a graceful stop, a second one cancels whatever is still in flight.  The same
-two-step policy holds for every command, so an operator's Ctrl-C behaves the same everywhere.
+SIGINT asks for a graceful stop, a second one cancels whatever is still in flight (the demo,
+whose first signal already cancels its run, ignores the later ones).  Every command stops on
+the same signals through the same relay, so an operator's Ctrl-C behaves the same everywhere.
 """
 
 from __future__ import annotations
@@ -98,19 +99,25 @@ def signal_name(signum: int) -> str:
 async def relay_signals(
     signals: AsyncIterator[int],
     first: Callable[[int], None],
-    second: Callable[[int], None],
+    second: Callable[[int], None] | None = None,
 ) -> None:
     """Call ``first`` on the first signal and ``second`` on the next one, then return.
+
+    Open ``signals`` with ``trio.open_signal_receiver(*STOP_SIGNALS)`` and run this in the
+    nursery whose work the signals stop.
 
     Args:
         signals: a ``trio.open_signal_receiver`` iterator.
         first: starts a graceful stop (it must return at once).
-        second: cancels what is still running (it must return at once).
+        second: cancels what is still running (it must return at once); None: every later
+            signal is received and ignored, and this returns only when cancelled.
     """
     async for signum in signals:
         first(signum)
         break
     async for signum in signals:
+        if second is None:
+            continue
         second(signum)
         break
 

@@ -1,11 +1,11 @@
-"""hami_trio._trio: one error out of an exception group, the start recorder, the fd limit."""
+"""hami_trio._trio: exception groups, the start recorder, the fd limit, the signal relay."""
 
 from __future__ import annotations
 
 import resource
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -15,6 +15,7 @@ from hami_trio._trio import (
     StartRecorder,
     leaf_errors,
     raise_fd_limit,
+    relay_signals,
     sole_error,
 )
 
@@ -73,3 +74,25 @@ def test_start_recorder_remembers_and_passes_the_value_on() -> None:
     recorder.started(42)
     assert recorder.done
     assert inner.values == [42]
+
+
+async def _signals(*signums: int) -> AsyncIterator[int]:
+    for signum in signums:
+        yield signum
+
+
+async def test_relay_calls_first_then_second_and_stops() -> None:
+    first: list[int] = []
+    second: list[int] = []
+    signals = _signals(15, 2, 2)
+    await relay_signals(signals, first.append, second.append)
+    assert (first, second) == ([15], [2])
+    assert [s async for s in signals] == [2]  # left for whoever reads next
+
+
+async def test_relay_without_second_receives_and_ignores_the_rest() -> None:
+    first: list[int] = []
+    signals = _signals(2, 15, 2)
+    await relay_signals(signals, first.append)
+    assert first == [2]
+    assert [s async for s in signals] == []  # all received, none acted on
