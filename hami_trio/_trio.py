@@ -3,13 +3,16 @@
 How this works: a long-running command builds its configuration, configures logging, calls
 :func:`freeze_startup_objects` once its imports are done, and runs its trio main function
 with the signals it stops on received through :func:`relay_signals`: the first SIGTERM or
-SIGINT asks for a graceful stop, a second one cancels whatever is still in flight.  The same
-two-step policy holds for every command, so an operator's Ctrl-C behaves the same everywhere.
+SIGINT asks for a graceful stop, a second one cancels whatever is still in flight (the demo,
+whose first signal already cancels its run, ignores the later ones).  Every command stops on
+the same signals through the same relay, so an operator's Ctrl-C behaves the same everywhere.
 """
 
 from __future__ import annotations
 
 import gc
+import logging
+import resource
 import signal
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -21,6 +24,7 @@ __all__ = [
     "StartRecorder",
     "freeze_startup_objects",
     "leaf_errors",
+    "raise_fd_limit",
     "relay_signals",
     "signal_name",
     "sole_error",
@@ -28,6 +32,12 @@ __all__ = [
 
 #: The signals a long-running command stops on (Kubernetes sends SIGTERM, a terminal SIGINT).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: The soft descriptor limit aimed at when the hard limit is unlimited (Linux's default
+#: ``fs.nr_open``, the most ``setrlimit`` accepts there).
+UNLIMITED_FD_TARGET = 1 << 20
+
+logger = logging.getLogger(__name__)
+_fd_limit_refusal_logged = False
 
 
 def freeze_startup_objects() -> None:
@@ -41,6 +51,43 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
+def raise_fd_limit(needed: int = 0) -> int:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit, once for every caller.
+
+    The one policy of the process, as Go programs have at start-up (Python keeps the soft
+    default, often 1024): the soft limit goes up to the hard limit, the most the operator
+    allowed, which satisfies every caller whatever its count - the broker's
+    ``max_exchanges`` plus a reserve, the monitor's one descriptor per container.  An
+    unlimited hard limit means ``max(needed, UNLIMITED_FD_TARGET)``, and ``needed`` when
+    that is refused.  The soft limit is never lowered; a refusal is logged once per
+    process.  A caller that needs more than the result warns about its own consequences.
+
+    Args:
+        needed: the least this caller needs (0: no count of its own).
+
+    Returns:
+        The soft limit in force afterwards (``resource.RLIM_INFINITY`` when unlimited).
+    """
+    global _fd_limit_refusal_logged
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return soft
+    unlimited = hard == resource.RLIM_INFINITY
+    goals = [max(needed, UNLIMITED_FD_TARGET), needed] if unlimited else [hard]
+    for goal in goals:
+        if goal <= soft:
+            break
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (goal, hard))
+        except (OSError, ValueError) as exc:
+            if not _fd_limit_refusal_logged:
+                _fd_limit_refusal_logged = True
+                logger.warning("cannot raise the open-file limit to %d: %s", goal, exc)
+            continue
+        return goal
+    return soft
+
+
 def signal_name(signum: int) -> str:
     """``SIGTERM`` for 15, and so on (the number itself if Python does not know it)."""
     try:
@@ -52,19 +99,25 @@ def signal_name(signum: int) -> str:
 async def relay_signals(
     signals: AsyncIterator[int],
     first: Callable[[int], None],
-    second: Callable[[int], None],
+    second: Callable[[int], None] | None = None,
 ) -> None:
     """Call ``first`` on the first signal and ``second`` on the next one, then return.
+
+    Open ``signals`` with ``trio.open_signal_receiver(*STOP_SIGNALS)`` and run this in the
+    nursery whose work the signals stop.
 
     Args:
         signals: a ``trio.open_signal_receiver`` iterator.
         first: starts a graceful stop (it must return at once).
-        second: cancels what is still running (it must return at once).
+        second: cancels what is still running (it must return at once); None: every later
+            signal is received and ignored, and this returns only when cancelled.
     """
     async for signum in signals:
         first(signum)
         break
     async for signum in signals:
+        if second is None:
+            continue
         second(signum)
         break
 

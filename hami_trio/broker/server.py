@@ -32,6 +32,7 @@ from typing import Final
 import trio
 from prometheus_client import CollectorRegistry
 
+from hami_trio._trio import raise_fd_limit
 from hami_trio.broker.boundary import (
     DEFAULT_SOCKET_PATH,
     BrokerSocket,
@@ -153,20 +154,15 @@ def accept_backoff(previous: float) -> float:
 
 
 def _ensure_fd_budget(max_exchanges: int) -> None:
-    """Raise the soft descriptor limit so every slot can hold a connection.
+    """Raise the soft descriptor limit (:func:`~hami_trio._trio.raise_fd_limit`) and warn
+    when it stays below what every slot needs to hold a connection.
 
-    Go programs do this at start-up (soft limit raised to the hard limit); a Python process
-    keeps the often tiny default of 1024.  Without enough descriptors a flood of idle
-    connections turns into EMFILE accept errors and backoff pauses for everyone, instead of
-    ``rejected_full`` for the connections that need a slot.
+    Without enough descriptors a flood of idle connections turns into EMFILE accept errors
+    and backoff pauses for everyone, instead of ``rejected_full`` for the connections that
+    need a slot.
     """
     needed = max_exchanges + FD_RESERVE
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-        if target > soft:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
+    soft = raise_fd_limit(needed)
     if soft != resource.RLIM_INFINITY and soft < needed:
         logger.warning(
             "file descriptor limit %d is below max_exchanges + %d = %d; under an idle "
@@ -472,9 +468,9 @@ async def serve_broker(
     runs until :meth:`BrokerHandle.stop` (graceful: stop accepting, remove the socket, let
     in-flight exchanges finish within their deadline) or cancellation (in-flight exchanges
     are cancelled); either way the socket is removed if it is still ours and the lock
-    released.  Process-wide side effect: the soft
-    ``RLIMIT_NOFILE`` is raised to ``max_exchanges + FD_RESERVE`` when it is lower and the
-    hard limit allows (a warning is logged when it does not).
+    released.  Process-wide side effect: the soft ``RLIMIT_NOFILE`` is raised to the hard
+    limit (:func:`~hami_trio._trio.raise_fd_limit`; a warning is logged when that is below
+    ``max_exchanges + FD_RESERVE``).
 
     Args:
         config: where to listen and the connection-pressure settings.

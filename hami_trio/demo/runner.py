@@ -30,7 +30,7 @@ from typing import Any, Final, Protocol, TextIO
 
 import trio
 
-from hami_trio._trio import StartRecorder, sole_error
+from hami_trio._trio import STOP_SIGNALS, StartRecorder, relay_signals, signal_name, sole_error
 from hami_trio.demo.report import RunRecord, WorkloadRecord, render_summary, summarize
 from hami_trio.demo.sandbox import NOBODY, SANDBOX_CACHE_DIR
 from hami_trio.demo.scenario import (
@@ -475,22 +475,22 @@ async def _run(
     settings = AgentSettings(
         paths, options.interval, options.metrics_bind, paths.logs / "agent.log"
     )
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         async with trio.open_nursery() as guard:
             # The agent runs in this outer nursery, outside ``run``: a Ctrl-C cancels the
             # run, and the agent still gets its graceful drain afterwards.
             run = trio.CancelScope()
             stopped = trio.Event()
 
-            async def on_signal() -> None:
-                async for signum in signals:
-                    if not record.interrupted:
-                        record.interrupted = True
-                        name = signal.Signals(signum).name
-                        record.event(time.monotonic(), f"demo: {name}, stopping everything")
-                        run.cancel()
+            def on_signal(signum: int) -> None:
+                if not record.interrupted:
+                    record.interrupted = True
+                    name = signal_name(signum)
+                    record.event(time.monotonic(), f"demo: {name}, stopping everything")
+                    run.cancel()
 
-            guard.start_soon(on_signal)
+            # The first signal cancels the run; later ones are received and ignored.
+            guard.start_soon(relay_signals, signals, on_signal)
             try:
                 agent: RunningAgent = await guard.start(
                     _agent, serve_agent, settings, record, run, stopped

@@ -558,14 +558,12 @@ class VGpuCollector(Collector):
     def _collect_host(self) -> list[Metric]:
         if self._host is None:
             return []
-        # Release NVML while the MIG lock holds the monitor (the agent also pauses the
-        # sampler promptly when the lock appears; this covers scrapes in between).
+        # A scrape only reads: hostgpu pauses and resumes NVML (serve_nvml_release).
+        # While the MIG lock holds the monitor a scrape does not touch NVML, even before
+        # the release task has noticed the lock.
         try:
             if self._monitor.paused:
-                self._host.pause()
                 return []
-            if self._host.paused:
-                self._host.resume()
             return host_gpu_families(
                 self._host.sample(), self._node, legacy=self._legacy, const_labels=[("zone", ZONE)]
             )

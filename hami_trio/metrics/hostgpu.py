@@ -7,9 +7,10 @@ memory controller utilisation into frozen :class:`HostGpuSample` values, which
 it runs only in worker threads, serialised by a lock.  Without NVML, a driver or a GPU the
 families are absent (one log line, quiet retries every ``retry_interval``); a failing device
 is skipped for that scrape.  :meth:`HostGpuSampler.pause` shuts NVML down while the MIG lock
-exists and :meth:`HostGpuSampler.resume` lets the next sample open it again.  The binding is
-injected (:class:`NvmlLibrary`: ``pynvml`` in production, a fake in tests).  docs/metrics.md
-(Host GPU metrics).
+exists and :meth:`HostGpuSampler.resume` lets the next sample open it again; this module is
+the only pauser (:func:`serve_nvml_release`, and a sample that finds the lock gone), the
+collector only reads.  The binding is injected (:class:`NvmlLibrary`: ``pynvml`` in
+production, a fake in tests).  docs/metrics.md (Host GPU metrics).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import trio
@@ -35,6 +37,7 @@ __all__ = [
 ]
 
 _log = logging.getLogger("hami_trio.monitor.hostgpu")  # the name in the logs (kept across moves)
+_RESUMED = "MIG apply lock gone: host GPU metrics resumed"
 
 
 class NvmlLibrary(Protocol):
@@ -104,6 +107,7 @@ class HostGpuSampler:
         self._lock = threading.Lock()
         self._initialized = False
         self._paused = False
+        self._paused_until: Callable[[], bool] | None = None
         self._next_init_attempt: float | None = None
         self._init_failure_logged = False
         self._device_errors = RateLimiter(300.0, max_keys=64, clock=clock)
@@ -166,7 +170,11 @@ class HostGpuSampler:
         """
         with self._lock:
             if self._paused:
-                return None
+                until = self._paused_until
+                if until is None or until():
+                    return None
+                self._resume()
+                _log.info(_RESUMED)
             nvml = self._library()
             if not self._ensure_initialized(nvml):
                 return None
@@ -215,21 +223,35 @@ class HostGpuSampler:
             memory_utilization=int(rates.memory),
         )
 
-    def pause(self) -> None:
+    def pause(self, until: Callable[[], bool] | None = None) -> None:
         """Shut NVML down and keep it down until :meth:`resume` (MIG lock held).
 
-        Blocks until a sample in progress finishes: call it from a worker thread.
+        With ``until`` (whether the MIG lock still holds), a sample that finds it False
+        resumes by itself, so host metrics return with the first scrape after the lock is
+        gone rather than at the next look of :func:`serve_nvml_release`.  Blocks until a
+        sample in progress finishes: call it from a worker thread.
         """
         with self._lock:
             self._paused = True
+            self._paused_until = until
             if self._nvml is not None:
                 self._shutdown(self._nvml)
 
-    def resume(self) -> None:
-        """Allow sampling again; the next sample opens a new NVML session."""
+    def resume(self) -> bool:
+        """Allow sampling again; the next sample opens a new NVML session.
+
+        Returns:
+            Whether sampling was paused (False: a sample had resumed it already).
+        """
         with self._lock:
-            self._paused = False
-            self._next_init_attempt = None
+            was_paused = self._paused
+            self._resume()
+            return was_paused
+
+    def _resume(self) -> None:
+        self._paused = False
+        self._paused_until = None
+        self._next_init_attempt = None
 
     def close(self) -> None:
         """Shut NVML down (at exit); a later sample would open it again."""
@@ -261,11 +283,10 @@ async def serve_nvml_release(
         while True:
             locked = mig_locked()
             if locked and not sampler.paused:
-                await trio.to_thread.run_sync(sampler.pause)
+                await trio.to_thread.run_sync(partial(sampler.pause, until=mig_locked))
                 _log.info("MIG apply lock held: NVML released, host GPU metrics paused")
-            elif not locked and sampler.paused:
-                await trio.to_thread.run_sync(sampler.resume)
-                _log.info("MIG apply lock gone: host GPU metrics resumed")
+            elif not locked and sampler.paused and await trio.to_thread.run_sync(sampler.resume):
+                _log.info(_RESUMED)
             await trio.sleep(poll_interval)
     finally:
         with trio.CancelScope(shield=True):

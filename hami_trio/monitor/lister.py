@@ -35,7 +35,7 @@ from hami_trio.monitor.layout import LAYOUTS, MAX_SLOTS, ControlField, RejectRea
 from hami_trio.monitor.region import RegionHandle
 from hami_trio.monitor.remover import Budget, TreeRemover
 from hami_trio.monitor.snapshot import UsageSnapshot
-from hami_trio.pods.source import PodInfo, PodSource
+from hami_trio.pods.source import PodSource
 
 __all__ = [
     "CHECKPOINT_EVERY",
@@ -98,11 +98,10 @@ def _bounded_names(fd: int) -> list[str] | None:
 class _Pending:
     """A container directory too large to list on the event loop: its open descriptor."""
 
-    __slots__ = ("fd", "pod", "tracked")
+    __slots__ = ("fd", "tracked")
 
-    def __init__(self, tracked: _Tracked, pod: PodInfo | None, fd: int) -> None:
+    def __init__(self, tracked: _Tracked, fd: int) -> None:
         self.tracked = tracked
-        self.pod = pod
         self.fd = fd
 
 
@@ -155,7 +154,6 @@ class ContainerState:
     status: ContainerStatus
     snapshot: UsageSnapshot | None
     rejection: Rejection | None
-    pod: PodInfo | None
 
     @property
     def pod_uid(self) -> str:
@@ -352,8 +350,11 @@ class ContainerLister:
             return None
         if name in self._removing:
             return None  # being removed: not read, not written, not decided again
-        pod = self._pods.lookup(key.pod_uid)
-        if pod is None and self._pods.authoritative and self._expired(entry, now):
+        if (
+            self._pods.lookup(key.pod_uid) is None
+            and self._pods.authoritative
+            and self._expired(entry, now)
+        ):
             tracked = self._tracked.pop(name, None)
             if tracked is not None:
                 tracked.drop_handle()
@@ -362,7 +363,7 @@ class ContainerLister:
         tracked = self._tracked.get(name)
         if tracked is None:
             tracked = self._tracked[name] = _Tracked(key, os.path.join(self._root, name))
-        return self._refresh(root_fd, tracked, pod)
+        return self._refresh(root_fd, tracked)
 
     def _expired(self, entry: os.DirEntry[str], now: float) -> bool:
         try:
@@ -478,7 +479,6 @@ class ContainerLister:
     def _state(
         self,
         tracked: _Tracked,
-        pod: PodInfo | None,
         status: ContainerStatus,
         snapshot: UsageSnapshot | None = None,
         rejection: Rejection | None = None,
@@ -487,7 +487,6 @@ class ContainerLister:
         if (
             last is not None
             and last.snapshot is snapshot
-            and (last.pod is pod or last.pod == pod)
             and last.status is status
             and last.rejection == rejection
             and last.cache_file == tracked.cache_name
@@ -500,13 +499,10 @@ class ContainerLister:
             status=status,
             snapshot=snapshot,
             rejection=rejection,
-            pod=pod,
         )
         return state
 
-    def _reject(
-        self, tracked: _Tracked, pod: PodInfo | None, exc: CacheFileRejected
-    ) -> ContainerState:
+    def _reject(self, tracked: _Tracked, exc: CacheFileRejected) -> ContainerState:
         reason = RejectReason(exc.reason)
         if reason != tracked.last_reason:
             tracked.last_reason = reason
@@ -521,13 +517,9 @@ class ContainerLister:
                 tracked.key.pod_uid,
                 exc,
             )
-        return self._state(
-            tracked, pod, ContainerStatus.REJECTED, rejection=Rejection(reason, str(exc))
-        )
+        return self._state(tracked, ContainerStatus.REJECTED, rejection=Rejection(reason, str(exc)))
 
-    def _refresh(
-        self, root_fd: int, tracked: _Tracked, pod: PodInfo | None
-    ) -> ContainerState | _Pending:
+    def _refresh(self, root_fd: int, tracked: _Tracked) -> ContainerState | _Pending:
         dirname = tracked.key.dirname
         handle = tracked.handle
         if handle is not None:
@@ -541,18 +533,17 @@ class ContainerLister:
                 tracked.drop_handle()
                 return self._reject(
                     tracked,
-                    pod,
                     CacheFileRejected(
                         RejectReason.IO_ERROR, f"{handle.display}: cannot stat: {exc.strerror}"
                     ),
                 )
             else:
                 if handle.matches(st):
-                    return self._read(tracked, pod, handle, st.st_size)
+                    return self._read(tracked, handle, st.st_size)
                 tracked.drop_handle()
                 # Counted and logged even if the new file loads: somebody swapped the file.
                 self._report_replaced(tracked, handle.display, st)
-        return self._open(root_fd, tracked, pod)
+        return self._open(root_fd, tracked)
 
     def _report_replaced(self, tracked: _Tracked, display: str, st: os.stat_result) -> None:
         if self._on_reject is not None:
@@ -568,33 +559,28 @@ class ContainerLister:
             "regular file" if stat.S_ISREG(st.st_mode) else "non-regular file",
         )
 
-    def _read(
-        self, tracked: _Tracked, pod: PodInfo | None, handle: RegionHandle, size: int
-    ) -> ContainerState:
+    def _read(self, tracked: _Tracked, handle: RegionHandle, size: int) -> ContainerState:
         try:
             snapshot = handle.read(size)
         except CacheFileRejected as exc:
             self._work += handle.read_bytes
-            return self._reject(tracked, pod, exc)
+            return self._reject(tracked, exc)
         self._work += handle.read_bytes
         if tracked.last_reason is not None:
             logger.info("container %s: cache file loads again", tracked.key.dirname)
             tracked.last_reason = None
-        return self._state(tracked, pod, ContainerStatus.LOADED, snapshot=snapshot)
+        return self._state(tracked, ContainerStatus.LOADED, snapshot=snapshot)
 
-    def _cannot_list(self, tracked: _Tracked, pod: PodInfo | None, exc: OSError) -> ContainerState:
+    def _cannot_list(self, tracked: _Tracked, exc: OSError) -> ContainerState:
         tracked.cache_name = None
         return self._reject(
             tracked,
-            pod,
             CacheFileRejected(
                 RejectReason.IO_ERROR, f"{tracked.directory}: cannot list: {exc.strerror}"
             ),
         )
 
-    def _open(
-        self, root_fd: int, tracked: _Tracked, pod: PodInfo | None
-    ) -> ContainerState | _Pending:
+    def _open(self, root_fd: int, tracked: _Tracked) -> ContainerState | _Pending:
         """List the directory and open its cache file; a directory larger than
         :data:`INLINE_DIR_BYTES` comes back as :class:`_Pending` for a worker thread."""
         try:
@@ -604,34 +590,34 @@ class ContainerLister:
                 dir_fd=root_fd,
             )
         except OSError as exc:
-            return self._cannot_list(tracked, pod, exc)
+            return self._cannot_list(tracked, exc)
         try:
             size = os.fstat(fd).st_size
             if size > INLINE_DIR_BYTES:
-                pending, fd = _Pending(tracked, pod, fd), -1
+                pending, fd = _Pending(tracked, fd), -1
                 return pending
             self._work += size
             names = _bounded_names(fd)
         except OSError as exc:
-            return self._cannot_list(tracked, pod, exc)
+            return self._cannot_list(tracked, exc)
         finally:
             if fd >= 0:
                 os.close(fd)
-        return self._open_listed(root_fd, tracked, pod, names)
+        return self._open_listed(root_fd, tracked, names)
 
     async def _list_pending(self, root_fd: int, pending: _Pending) -> ContainerState:
         """List a large directory through its descriptor in a worker thread, then go on."""
         try:
             names = await trio.to_thread.run_sync(_bounded_names, pending.fd)
         except OSError as exc:
-            return self._cannot_list(pending.tracked, pending.pod, exc)
+            return self._cannot_list(pending.tracked, exc)
         finally:
             os.close(pending.fd)
         self._work = 0  # waiting for the thread was a checkpoint
-        return self._open_listed(root_fd, pending.tracked, pending.pod, names)
+        return self._open_listed(root_fd, pending.tracked, names)
 
     def _open_listed(
-        self, root_fd: int, tracked: _Tracked, pod: PodInfo | None, names: list[str] | None
+        self, root_fd: int, tracked: _Tracked, names: list[str] | None
     ) -> ContainerState:
         dirname = tracked.key.dirname
         display_dir = tracked.directory
@@ -639,7 +625,6 @@ class ContainerLister:
             tracked.cache_name = None
             return self._reject(
                 tracked,
-                pod,
                 CacheFileRejected(
                     RejectReason.TOO_MANY_FILES,
                     f"{display_dir}: more than {MAX_DIR_ENTRIES} entries; not looking further",
@@ -650,7 +635,6 @@ class ContainerLister:
             tracked.cache_name = None
             return self._reject(
                 tracked,
-                pod,
                 CacheFileRejected(
                     RejectReason.TOO_MANY_FILES,
                     f"{display_dir}: {len(matching)} files match libvgpu.so*/*.cache "
@@ -661,7 +645,7 @@ class ContainerLister:
         if not caches:
             tracked.cache_name = None
             tracked.last_reason = None
-            return self._state(tracked, pod, ContainerStatus.NO_CACHE_FILE)
+            return self._state(tracked, ContainerStatus.NO_CACHE_FILE)
         tracked.cache_name = caches[0]
         display = os.path.join(display_dir, caches[0])
         try:
@@ -673,7 +657,6 @@ class ContainerLister:
         except OSError as exc:
             return self._reject(
                 tracked,
-                pod,
                 CacheFileRejected(
                     RejectReason.IO_ERROR, f"{display_dir}: cannot open: {exc.strerror}"
                 ),
@@ -683,17 +666,17 @@ class ContainerLister:
         except FileNotFoundError:
             # Vanished between the listing and the open; look again next tick.
             tracked.cache_name = None
-            return self._state(tracked, pod, ContainerStatus.NO_CACHE_FILE)
+            return self._state(tracked, ContainerStatus.NO_CACHE_FILE)
         except CacheFileRejected as exc:
-            return self._reject(tracked, pod, exc)
+            return self._reject(tracked, exc)
         finally:
             os.close(dir_fd)
         tracked.handle = handle
         try:
             size = handle.size()
         except CacheFileRejected as exc:
-            return self._reject(tracked, pod, exc)
-        return self._read(tracked, pod, handle, size)
+            return self._reject(tracked, exc)
+        return self._read(tracked, handle, size)
 
     # -- feedback writes -------------------------------------------------------------------
 

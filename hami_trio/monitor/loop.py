@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
 import stat
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +27,7 @@ import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from hami_trio._fs import file_kind
+from hami_trio._trio import raise_fd_limit
 from hami_trio.errors import ConfigError
 from hami_trio.logs import RateLimiter
 from hami_trio.monitor.feedback import observe
@@ -288,17 +288,6 @@ def prepare_lock_dir(directory: Path) -> MigLockProblem | None:
     if probe.problem is not None:
         logger.warning("%s", probe.problem.message, extra={"event": "mig_lock_dir_unsafe"})
     return probe.problem
-
-
-def _raise_fd_limit() -> None:
-    """Lift the soft RLIMIT_NOFILE to the hard limit: one descriptor per container."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
-    if soft != resource.RLIM_INFINITY and soft < target:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (OSError, ValueError) as exc:  # pragma: no cover - hard limit is allowed
-            logger.warning("cannot raise the open-file limit to %d: %s", target, exc)
 
 
 class _SelfMetrics:
@@ -647,7 +636,7 @@ class Monitor:
         if self._serving:
             raise RuntimeError("this Monitor is already serving")
         self._serving = True
-        _raise_fd_limit()
+        raise_fd_limit()  # one descriptor per container
         # Never fatal: an unsafe directory is logged, counted and ignored (see _lock_present).
         try:
             os.makedirs(self._config.mig_lock_path.parent.parent, mode=0o755, exist_ok=True)

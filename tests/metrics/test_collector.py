@@ -391,7 +391,8 @@ def test_mig_annotation_change_is_picked_up() -> None:
 def test_host_families_and_mig_pause() -> None:
     nvml = FakeNvml(gpus=[FakeGpu(name="Tesla T4", uuid="GPU-host", memory_used=1024)])
     monitor = FakeMonitor()
-    host = collector(monitor, host=HostGpuSampler(nvml))
+    sampler = HostGpuSampler(nvml)
+    host = collector(monitor, host=sampler)
     text = scrape(host)
     assert samples(text, "hami_host_gpu_memory_used_bytes") == [
         (
@@ -406,10 +407,17 @@ def test_host_families_and_mig_pause() -> None:
         )
     ]
     monitor.paused = True  # the MIG lock holds the monitor
+    calls = nvml.init_calls, nvml.shutdown_calls
     text = scrape(host)
     assert samples(text, "hami_host_gpu_memory_used_bytes") == []
-    assert not nvml.initialized  # handles released
+    # A scrape only reads: releasing NVML is serve_nvml_release's job (test_hostgpu.py).
+    assert nvml.initialized
+    assert (nvml.init_calls, nvml.shutdown_calls) == calls
+    sampler.pause()  # what serve_nvml_release does when it sees the lock
     monitor.paused = False
+    assert samples(scrape(host), "hami_host_gpu_utilization_ratio") == []  # not resumed yet
+    assert nvml.init_calls == 1
+    sampler.resume()  # serve_nvml_release again, once the lock is gone
     assert len(samples(scrape(host), "hami_host_gpu_utilization_ratio")) == 1
     assert nvml.init_calls == 2
 

@@ -123,6 +123,27 @@ def test_pause_releases_handles_until_resume() -> None:
     assert nvml.init_calls == 2
 
 
+def test_pause_until_resumes_at_the_first_sample_after_the_lock(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    nvml = FakeNvml(gpus=[A100])
+    sampler = HostGpuSampler(nvml)
+    locked = [True]
+    assert sampler.sample() is not None
+    sampler.pause(until=lambda: locked[0])
+    assert sampler.sample() is None
+    assert nvml.init_calls == 1  # still locked: nothing opened
+    locked[0] = False
+    with caplog.at_level(logging.INFO, logger="hami_trio.monitor.hostgpu"):
+        assert sampler.sample() is not None
+        assert not sampler.resume()  # already resumed by the sample
+    assert not sampler.paused
+    assert nvml.init_calls == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "MIG apply lock gone: host GPU metrics resumed"
+    ]
+
+
 def test_broken_session_is_reopened() -> None:
     nvml = FakeNvml(gpus=[A100])
     sampler = HostGpuSampler(nvml)

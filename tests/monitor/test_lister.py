@@ -220,11 +220,11 @@ async def test_malformed_names_are_skipped_with_one_warning_each(
     assert sum("'uid_'" in m for m in messages) == 1
 
 
-async def test_new_container_has_pod_uid_container_name_and_pod(root: Path) -> None:
+async def test_new_container_has_pod_uid_and_container_name(root: Path) -> None:
     container(root, "uid4_mycontainer", "x.cache")
     pod = PodInfo(uid="uid4", namespace="ns", name="p", containers=("mycontainer",))
     state = (await make(root, StaticPodSource([pod])).update())[key("uid4_mycontainer")]
-    assert (state.pod_uid, state.container_name, state.pod) == ("uid4", "mycontainer", pod)
+    assert (state.pod_uid, state.container_name) == ("uid4", "mycontainer")
     assert state.directory == str(root / "uid4_mycontainer")
 
 
@@ -243,7 +243,6 @@ async def test_recently_modified_dir_of_unknown_pod_is_kept(root: Path) -> None:
     lister = make(root, StaticPodSource([]), resync_interval=300)
     view = await lister.update()
     assert (root / "gone_c").is_dir()
-    assert view[key("gone_c")].pod is None
     assert view[key("gone_c")].status is ContainerStatus.LOADED
 
 
