@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.procnet import tcp_connections  # noqa: E402  (needs the repository on sys.path)
+from tests.procnet import stalled_client, tcp_connections  # noqa: E402  (needs the repository on sys.path)
 
 _MAX_CLIENTS = 2000
 _MAX_HOLD = 120.0
@@ -104,16 +104,10 @@ def attack(clients: int, hold: float, body_kib: int) -> dict[str, float | str]:
         port = int(server.stdout.readline())
         _scrape(port)  # warm: the first render's allocations are not the attack's
         rss_before = _rss_mib(server.pid)
-        request = f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
         refused = 0
         for _ in range(clients):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect
-            sock.settimeout(5)
-            try:
-                sock.connect(("127.0.0.1", port))
-                sock.sendall(request)
-            except OSError:
+            sock, sent = stalled_client(port)
+            if not sent:
                 refused += 1
                 sock.close()
                 continue

@@ -4,6 +4,7 @@ tests and ``bench/http_stall.py``."""
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 _OPEN_STATES = ("01", "08")  # ESTABLISHED, CLOSE_WAIT
@@ -31,3 +32,19 @@ def tcp_connections(port: int, pid: int | str = "self") -> int:
             if local_port == port and fields[3] in _OPEN_STATES and fields[9] in inodes:
                 count += 1
     return count
+
+
+def stalled_client(port: int) -> tuple[socket.socket, bool]:
+    """A client of ``127.0.0.1:port`` that sends ``GET /metrics`` and never reads (4 KiB
+    receive buffer, so the answer stays in the server); whether the request went out (the
+    server may close a connection before it does)."""
+    request = f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect
+    sock.settimeout(5)
+    try:
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(request)
+    except OSError:
+        return sock, False
+    return sock, True

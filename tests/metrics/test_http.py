@@ -35,7 +35,7 @@ from hami_trio.metrics.http import (
     progress_check,
     serve_http,
 )
-from tests.procnet import tcp_connections
+from tests.procnet import stalled_client, tcp_connections
 
 
 @dataclass
@@ -303,19 +303,8 @@ def _rss_mib() -> float:
 
 def _stall(port: int, count: int) -> list[socket.socket]:
     """``count`` clients that send ``GET /metrics`` and never read (4 KiB receive buffer)."""
-    request = f"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
-    socks = []
-    for _ in range(count):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect
-        sock.settimeout(5)
-        try:
-            sock.connect(("127.0.0.1", port))
-            sock.sendall(request)
-        except OSError:
-            pass  # evicted before the request was sent: the server chose to close it
-        socks.append(sock)
-    return socks
+    # A client evicted before its request went out is kept too: the server chose to close it.
+    return [stalled_client(port)[0] for _ in range(count)]
 
 
 @pytest.fixture
