@@ -507,7 +507,7 @@ class RegionDecoder:
         """
         self._layout = None
         self._size = size
-        self._tail = self._values = None
+        self._tail = None  # _values is only read once a tail was fed
         decoded = self._decoded
         if decoded is not None and decoded.size == size:
             candidate: Layout | None = decoded.layout  # the layout is a function of the size
@@ -549,19 +549,15 @@ class RegionDecoder:
                 self._values = decoded.values
                 self._want = length = decoded.head_size
             else:
-                values = self._values = read_tail(layout, data)
-                self._want = length = layout.body_size(clamp_proc_num(values[0]))
+                fed = self._values = read_tail(layout, data)
+                self._want = length = layout.body_size(clamp_proc_num(fed[0]))
             return (0, length)
-        fed = self._values
-        assert fed is not None
+        # the head: decode it (one method, not two: this runs per container per tick)
+        values = self._values
+        assert values is not None
         self._want = -1
-        self._tail = self._values = None
-        return self._decode(self._size, data, tail, fed)
-
-    def _decode(
-        self, size: int, head: bytes, tail: bytes, values: tuple[int, int, int, int, int]
-    ) -> UsageSnapshot:
-        decoded = self._decoded
+        self._tail = None
+        head, size, decoded = data, self._size, self._decoded
         if decoded is not None and decoded.size == size and head.startswith(decoded.prefix):
             # head is exactly the live slots long, so the view below is exactly those slots
             rows = list(decoded.codec.iter_unpack(memoryview(head)[decoded.layout.procs :]))
@@ -570,17 +566,23 @@ class RegionDecoder:
                 totals = sum_rows(rows, decoded.static)
                 if len(rows) <= KEEP_ROWS_SLOTS:
                     decoded.rows = rows
-                if totals != decoded.totals or decoded.tail != tail:
+                renew = totals != decoded.totals or decoded.tail != tail
+                if renew:
                     decoded.totals = totals
-                    self._new_tail(decoded, head, tail, values)
             elif rows == decoded.rows:
-                if decoded.tail != tail:
-                    # Only the tail moved (recent_kernel decays every tick): same sums.
-                    self._new_tail(decoded, head, tail, values)
+                # Only the tail may have moved (recent_kernel decays every tick): same sums.
+                renew = decoded.tail != tail
             else:
                 decoded.rows = rows if len(rows) <= KEEP_ROWS_SLOTS else None
                 decoded.totals = sum_rows(rows, decoded.static)
-                self._new_tail(decoded, head, tail, values)
+                renew = True
+            if renew:
+                decoded.tail = tail
+                decoded.values = values
+                decoded.head_size = len(head)
+                decoded.snapshot = _snapshot(
+                    decoded.layout, size, head, values, decoded.static, decoded.totals
+                )
             self._layout = decoded.layout
             return decoded.snapshot
         layout = classify(size, head)
@@ -606,17 +608,6 @@ class RegionDecoder:
         )
         self._layout = layout
         return snapshot
-
-    @staticmethod
-    def _new_tail(
-        decoded: _Decoded, head: bytes, tail: bytes, values: tuple[int, int, int, int, int]
-    ) -> None:
-        decoded.tail = tail
-        decoded.values = values
-        decoded.head_size = len(head)
-        decoded.snapshot = _snapshot(
-            decoded.layout, decoded.size, head, values, decoded.static, decoded.totals
-        )
 
 
 def parse_region(
