@@ -19,8 +19,10 @@ touches such a file, and it is built so that none of that can hurt the agent or 
 - **Identity is checked every tick** by the lister (``(st_dev, st_ino)`` of the path against
   the open descriptor); writes go only to the descriptor, never to a path, and only when the
   file still has the size the snapshot was read at.
-- **Bounded reads.**  The tail (16/24 bytes) and the head up to the live slots are read; a
-  huge ``proc_num`` is clamped to 1024 slots, a huge file is never read beyond the layout.
+- **Bounded reads.**  What to read, and what it means, is the pure
+  :class:`~hami_trio.monitor.snapshot.RegionDecoder`'s job (change detection included):
+  this module only ``pread``s the ranges it asks for - the tail (16/24 bytes), then the head
+  up to the live slots, ``proc_num`` clamped to 1024 - and refuses a short read.
 
 Every failure is a :class:`~hami_trio.errors.CacheFileRejected` with a reason token; nothing
 here raises anything else for tenant-controlled input.
@@ -35,37 +37,12 @@ from collections.abc import Sequence
 
 from hami_trio._fs import file_kind
 from hami_trio.errors import CacheFileRejected
-from hami_trio.monitor.layout import (
-    HEADER_SIZE,
-    ControlField,
-    Layout,
-    RejectReason,
-    clamp_proc_num,
-    classify,
-    layout_for_size,
-)
-from hami_trio.monitor.snapshot import (
-    SlotTotals,
-    StaticInfo,
-    UsageSnapshot,
-    parse_static,
-    parse_usage,
-    slot_rows,
-    slot_struct,
-    sum_rows,
-)
+from hami_trio.monitor.layout import ControlField, RejectReason
+from hami_trio.monitor.snapshot import RegionDecoder, UsageSnapshot
 
 __all__ = ["RegionHandle", "read_region_file"]
 
 _I32 = struct.Struct("<i")
-#: The parsed slot fields are kept for change detection only for regions with at most this
-#: many live slots.  A region with hundreds (a tenant's ``proc_num`` 1024 on 16 devices:
-#: ~100,000 Python ints, ~1.6 MB) is re-summed every tick instead: its owner can force that
-#: anyway by changing a slot, and keeping the rows would cost the agent memory (64 such
-#: regions: +105 MB RSS) and make every full garbage collection walk them (+5-10 ms per
-#: collection, a stall of the whole event loop).
-KEEP_ROWS_SLOTS = 64
-_PROC_NUM = struct.Struct("<i")
 
 
 def _pack(codec: struct.Struct, value: int, what: str) -> bytes:
@@ -96,50 +73,14 @@ def _io_rejection(display: str, action: str, exc: OSError) -> CacheFileRejected:
     )
 
 
-class _ReadCache:
-    """What the last snapshot was derived from, to tell whether anything changed."""
-
-    __slots__ = (
-        "codec",
-        "layout",
-        "prefix",
-        "rows",
-        "size",
-        "snapshot",
-        "static",
-        "tail",
-        "totals",
-    )
-
-    def __init__(
-        self,
-        size: int,
-        prefix: bytes,
-        tail: bytes,
-        layout: Layout,
-        static: StaticInfo,
-        rows: list[tuple[int, ...]] | None,
-        totals: SlotTotals,
-        snapshot: UsageSnapshot,
-    ) -> None:
-        self.size = size
-        self.prefix = prefix
-        self.tail = tail
-        self.layout = layout
-        self.static = static
-        self.rows = rows
-        self.totals = totals
-        self.snapshot = snapshot
-        self.codec = slot_struct(layout, static.device_count)
-
-
 class RegionHandle:
     """One open ``.cache`` file: a descriptor pinned to one inode, and what was last read.
 
     Create with :meth:`open_at` (the monitor: relative to the container directory, read and
-    write) or :meth:`open_path` (``inspect``: read-only).  :meth:`read` copies the live
-    ranges and returns a snapshot; :meth:`write_control` and the limit setters store one
-    aligned word.  Not thread-safe; one owner (the lister) uses it.
+    write) or :meth:`open_path` (``inspect``: read-only).  :meth:`read` copies the ranges
+    the handle's decoder asks for and returns its snapshot; :meth:`write_controls` stores
+    aligned words at the offsets of the last read's layout.  Not thread-safe; one owner (the
+    lister) uses it.
     """
 
     def __init__(self, fd: int, st: os.stat_result, display: str, *, writable: bool) -> None:
@@ -148,8 +89,7 @@ class RegionHandle:
         self.ino: int = st.st_ino
         self.display = display
         self.writable = writable
-        self._layout: Layout | None = None
-        self._cache: _ReadCache | None = None
+        self._decoder = RegionDecoder()
         #: Bytes the latest :meth:`read` asked ``pread`` for (what the lister's work
         #: accounting charges for it: parsing is proportional to the bytes read).
         self.read_bytes = 0
@@ -281,7 +221,6 @@ class RegionHandle:
         """
         if size is None:
             size = self.size()
-        self._layout = None
         self.read_bytes = 0
         try:
             return self._read(size)
@@ -291,76 +230,29 @@ class RegionHandle:
             raise CacheFileRejected(exc.reason, f"{self.display}: {exc}") from None
 
     def _read(self, size: int) -> UsageSnapshot:
-        candidate = layout_for_size(size)
-        if candidate is None:
-            header = self._pread(HEADER_SIZE, 0) if size >= HEADER_SIZE else b""
-            classify(size, header)  # raises: no layout fits this size
-            raise AssertionError("classify accepted a size layout_for_size refused")
-        tail = self._pread(candidate.tail_size, candidate.tail_offset)
-        (proc_num,) = _PROC_NUM.unpack_from(tail)
-        slots = clamp_proc_num(proc_num)
-        head = self._pread(candidate.body_size(slots), 0)
-        # Change detection keeps the header/static prefix (~1.8 KB) and the used fields of
-        # the live slots as ints (up to KEEP_ROWS_SLOTS slots), not the whole ~17 KB head: a
-        # small per-container working set is what keeps a tick over thousands of
-        # containers fast.
-        cache = self._cache
-        if cache is not None and cache.size == size and head.startswith(cache.prefix):
-            # head is exactly the live slots long, so the view below is exactly those slots
-            rows = list(cache.codec.iter_unpack(memoryview(head)[cache.layout.procs :]))
-            if cache.rows is None:
-                # Rows not kept (see KEEP_ROWS_SLOTS): compare the sums instead.
-                totals = sum_rows(rows, cache.static)
-                if len(rows) <= KEEP_ROWS_SLOTS:
-                    cache.rows = rows
-                if totals != cache.totals or cache.tail != tail:
-                    cache.tail = tail
-                    cache.totals = totals
-                    cache.snapshot = parse_usage(
-                        cache.layout, size, head, tail, cache.static, totals
-                    )
-            elif rows == cache.rows:
-                if cache.tail != tail:
-                    # Only the tail moved (recent_kernel decays every tick): same sums.
-                    cache.tail = tail
-                    cache.snapshot = parse_usage(
-                        cache.layout, size, head, tail, cache.static, cache.totals
-                    )
-            else:
-                cache.rows = rows if len(rows) <= KEEP_ROWS_SLOTS else None
-                cache.tail = tail
-                cache.totals = sum_rows(rows, cache.static)
-                cache.snapshot = parse_usage(
-                    cache.layout, size, head, tail, cache.static, cache.totals
-                )
-            self._layout = cache.layout
-            return cache.snapshot
-        layout = classify(size, head)
-        prefix = head[: layout.procs]
-        static = parse_static(layout, head)
-        if cache is not None and cache.static == static:
-            static = cache.static  # keep the objects (and identities) the view already has
-        rows = slot_rows(layout, head, slots, static.device_count)
-        totals = sum_rows(rows, static)
-        snapshot = parse_usage(layout, size, head, tail, static, totals)
-        kept = rows if slots <= KEEP_ROWS_SLOTS else None
-        self._cache = _ReadCache(size, prefix, tail, layout, static, kept, totals, snapshot)
-        self._layout = layout
-        return snapshot
+        # The decoder says which ranges to read (the tail, then the head up to the live
+        # slots); every pread is checked to have returned the whole range.
+        decoder = self._decoder
+        offset, length = decoder.start(size)
+        while True:
+            step = decoder.feed(self._pread(length, offset))
+            if not isinstance(step, tuple):
+                return step
+            offset, length = step
 
     # -- writing ---------------------------------------------------------------------------
 
     def _store(self, stores: list[tuple[int, bytes]]) -> None:
         if not self.writable:
             raise CacheFileRejected(RejectReason.IO_ERROR, f"{self.display} is open read-only")
-        cache = self._cache
-        if self._layout is None or cache is None:
+        decoder = self._decoder
+        if decoder.layout is None:
             raise CacheFileRejected(
                 RejectReason.IO_ERROR, f"{self.display}: no successful read to write against"
             )
         # pwrite past the end would grow the tenant's file; only write while the file still
         # has the size the decision was made on.
-        if self.size() != cache.size:
+        if self.size() != decoder.size:
             raise CacheFileRejected(
                 RejectReason.TRUNCATED, f"{self.display} changed size since it was read"
             )
@@ -381,7 +273,7 @@ class RegionHandle:
             CacheFileRejected: no successful read yet, the size changed since, or
                 ``io_error``.
         """
-        layout = self._layout
+        layout = self._decoder.layout
         if layout is None:
             raise CacheFileRejected(
                 RejectReason.IO_ERROR, f"{self.display}: no successful read to write against"

@@ -1,9 +1,11 @@
 """Immutable usage snapshots of one shared region, parsed from bytes (pure).
 
-The monitor never keeps a live view into a tenant's file.  Each tick it copies the few byte
-ranges it needs (:mod:`hami_trio.monitor.region` does the ``pread``) and this module turns
-them into a :class:`UsageSnapshot`: frozen dataclasses that the feedback step, the metrics
-collector and the ``inspect`` command share without locks.
+The monitor never keeps a live view into a tenant's file.  Each tick a :class:`RegionDecoder`
+(one per open file) says which few byte ranges to read, :mod:`hami_trio.monitor.region`
+``pread``s them, and the decoder turns them into a :class:`UsageSnapshot` - the same object
+again when no byte it depends on changed: frozen dataclasses that the feedback step, the
+metrics collector and the ``inspect`` command share without locks.  :func:`parse_region`
+applies the same rules to a whole file in memory (fuzzing, tests).
 
 What is read, for a region with ``k = clamp(proc_num, 0, 1024)`` live slots:
 
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 
 from hami_trio.monitor.layout import (
     HEADER,
+    HEADER_SIZE,
     MAX_DEVICES,
     USED_FIELDS,
     UTIL_FIELDS,
@@ -35,11 +38,14 @@ from hami_trio.monitor.layout import (
     Layout,
     clamp_proc_num,
     classify,
+    layout_for_size,
 )
 
 __all__ = [
+    "KEEP_ROWS_SLOTS",
     "DeviceUUID",
     "DeviceUsage",
+    "RegionDecoder",
     "SlotTotals",
     "StaticInfo",
     "UUIDState",
@@ -353,11 +359,23 @@ def parse_usage(
     Raises:
         ValueError: a buffer is shorter than the ranges the tail's ``proc_num`` requires.
     """
-    proc_num, switch, recent, priority, last_kernel = read_tail(layout, tail)
+    values = read_tail(layout, tail)
     if static is None:
         static = parse_static(layout, head)
     if totals is None:
-        totals = sum_slots(layout, head, clamp_proc_num(proc_num), static)
+        totals = sum_slots(layout, head, clamp_proc_num(values[0]), static)
+    return _snapshot(layout, file_size, head, values, static, totals)
+
+
+def _snapshot(
+    layout: Layout,
+    file_size: int,
+    head: bytes | bytearray | memoryview,
+    values: tuple[int, int, int, int, int],
+    static: StaticInfo,
+    totals: SlotTotals,
+) -> UsageSnapshot:
+    proc_num, switch, recent, priority, last_kernel = values
     if layout.has_version:
         _, major, minor = HEADER.unpack_from(head)
         version: tuple[int | None, int | None] = (major, minor)
@@ -379,6 +397,217 @@ def parse_usage(
         uuids=static.uuids,
         device_keys=static.device_keys,
     )
+
+
+#: The parsed slot fields are kept for change detection only for regions with at most this
+#: many live slots.  A region with hundreds (a tenant's ``proc_num`` 1024 on 16 devices:
+#: ~100,000 Python ints, ~1.6 MB) is re-summed every decode instead: its owner can force that
+#: anyway by changing a slot, and keeping the rows would cost the agent memory (64 such
+#: regions: +105 MB RSS) and make every full garbage collection walk them (+5-10 ms per
+#: collection, a stall of the whole event loop).
+KEEP_ROWS_SLOTS = 64
+
+
+class _Decoded:
+    """What the last snapshot was derived from, to tell whether anything changed."""
+
+    __slots__ = (
+        "codec",
+        "head_size",
+        "layout",
+        "prefix",
+        "rows",
+        "size",
+        "snapshot",
+        "static",
+        "tail",
+        "totals",
+        "values",
+    )
+
+    def __init__(
+        self,
+        size: int,
+        prefix: bytes,
+        tail: bytes,
+        values: tuple[int, int, int, int, int],
+        head_size: int,
+        layout: Layout,
+        static: StaticInfo,
+        rows: list[tuple[int, ...]] | None,
+        totals: SlotTotals,
+        snapshot: UsageSnapshot,
+    ) -> None:
+        self.size = size
+        self.prefix = prefix
+        self.tail = tail
+        self.values = values
+        self.head_size = head_size
+        self.layout = layout
+        self.static = static
+        self.rows = rows
+        self.totals = totals
+        self.snapshot = snapshot
+        self.codec = slot_struct(layout, static.device_count)
+
+
+class RegionDecoder:
+    """Decodes one region, read after read, from the byte ranges it asks for (pure).
+
+    One decode is a short conversation; the caller does the reading::
+
+        step = decoder.start(size)              # (offset, length) to read first
+        while isinstance(step, tuple):
+            step = decoder.feed(read(*step))    # the next range, or the snapshot
+
+    For a file size that has a layout the decoder asks for the tail, then for the head up to
+    the live slots the tail's ``proc_num`` names (clamped to 1024): two ranges inside a file
+    of that size.  For a size no layout fits it asks for the 12-byte header only to name what
+    it holds in the rejection (below 12 bytes it asks for nothing).  A range the caller
+    cannot read in full ends that decode (the caller raises); the next :meth:`start` begins
+    afresh.
+
+    Change detection is inside: the decoder keeps the header/static prefix of the head
+    (~1.8 KB), the tail and, for at most :data:`KEEP_ROWS_SLOTS` live slots, their used
+    fields as ints - not the whole head.  When size and prefix are unchanged only the slots
+    are unpacked again; the snapshot is the same object as last time when no byte it depends
+    on changed, and only the tail is decoded anew when only the tail moved.
+    """
+
+    __slots__ = ("_decoded", "_layout", "_pending", "_size", "_tail", "_values", "_want")
+
+    def __init__(self) -> None:
+        self._decoded: _Decoded | None = None
+        self._layout: Layout | None = None
+        # The decode in progress: the length of the range asked for (-1: none), the size and
+        # candidate layout (None: no layout fits, the header comes next), and once the tail
+        # was fed, the tail and its decoded values.
+        self._want = -1
+        self._size = 0
+        self._pending: Layout | None = None
+        self._tail: bytes | None = None
+        self._values: tuple[int, int, int, int, int] | None = None
+
+    @property
+    def layout(self) -> Layout | None:
+        """The layout of the latest decode if it succeeded, else None (also mid-decode)."""
+        return self._layout
+
+    @property
+    def size(self) -> int | None:
+        """The file size of the latest successful decode (None before the first one)."""
+        decoded = self._decoded
+        return None if decoded is None else decoded.size
+
+    def start(self, size: int) -> tuple[int, int]:
+        """Begin decoding a file of ``size`` bytes: the first ``(offset, length)`` to read.
+
+        Raises:
+            CacheFileRejected: ``too_small`` (no layout fits and there is no header to read).
+        """
+        self._layout = None
+        self._size = size
+        self._tail = None  # _values is only read once a tail was fed
+        decoded = self._decoded
+        if decoded is not None and decoded.size == size:
+            candidate: Layout | None = decoded.layout  # the layout is a function of the size
+        else:
+            candidate = layout_for_size(size)
+        self._pending = candidate
+        if candidate is None:
+            self._want = -1
+            if size < HEADER_SIZE:
+                classify(size, b"")  # raises too_small
+                raise AssertionError("classify accepted a size layout_for_size refused")
+            self._want = HEADER_SIZE
+            return (0, HEADER_SIZE)
+        self._want = candidate.tail_size
+        return (candidate.tail_offset, candidate.tail_size)
+
+    def feed(self, data: bytes) -> tuple[int, int] | UsageSnapshot:
+        """Take the bytes of the range last asked for: the next range, or the snapshot.
+
+        Raises:
+            CacheFileRejected: the loader rule rejects the file (the message names the size
+                and what the header holds).
+            ValueError: ``data`` is not as long as the range asked for, or nothing was.
+        """
+        if len(data) != self._want:
+            if self._want < 0:
+                raise ValueError("no range was asked for: call start() first")
+            raise ValueError(f"asked for {self._want} bytes, got {len(data)}")
+        layout = self._pending
+        if layout is None:
+            self._want = -1
+            classify(self._size, data)  # raises: no layout fits this size
+            raise AssertionError("classify accepted a size layout_for_size refused")
+        tail = self._tail
+        if tail is None:
+            self._tail = data
+            decoded = self._decoded
+            if decoded is not None and decoded.layout is layout and decoded.tail == data:
+                self._values = decoded.values
+                self._want = length = decoded.head_size
+            else:
+                fed = self._values = read_tail(layout, data)
+                self._want = length = layout.body_size(clamp_proc_num(fed[0]))
+            return (0, length)
+        # the head: decode it (one method, not two: this runs per container per tick)
+        values = self._values
+        assert values is not None
+        self._want = -1
+        self._tail = None
+        head, size, decoded = data, self._size, self._decoded
+        if decoded is not None and decoded.size == size and head.startswith(decoded.prefix):
+            # head is exactly the live slots long, so the view below is exactly those slots
+            rows = list(decoded.codec.iter_unpack(memoryview(head)[decoded.layout.procs :]))
+            if decoded.rows is None:
+                # Rows not kept (see KEEP_ROWS_SLOTS): compare the sums instead.
+                totals = sum_rows(rows, decoded.static)
+                if len(rows) <= KEEP_ROWS_SLOTS:
+                    decoded.rows = rows
+                renew = totals != decoded.totals or decoded.tail != tail
+                if renew:
+                    decoded.totals = totals
+            elif rows == decoded.rows:
+                # Only the tail may have moved (recent_kernel decays every tick): same sums.
+                renew = decoded.tail != tail
+            else:
+                decoded.rows = rows if len(rows) <= KEEP_ROWS_SLOTS else None
+                decoded.totals = sum_rows(rows, decoded.static)
+                renew = True
+            if renew:
+                decoded.tail = tail
+                decoded.values = values
+                decoded.head_size = len(head)
+                decoded.snapshot = _snapshot(
+                    decoded.layout, size, head, values, decoded.static, decoded.totals
+                )
+            self._layout = decoded.layout
+            return decoded.snapshot
+        layout = classify(size, head)
+        slots = clamp_proc_num(values[0])
+        static = parse_static(layout, head)
+        if decoded is not None and decoded.static == static:
+            static = decoded.static  # keep the objects (and identities) the view already has
+        rows = slot_rows(layout, head, slots, static.device_count)
+        totals = sum_rows(rows, static)
+        snapshot = _snapshot(layout, size, head, values, static, totals)
+        kept = rows if slots <= KEEP_ROWS_SLOTS else None
+        self._decoded = _Decoded(
+            size,
+            head[: layout.procs],
+            tail,
+            values,
+            len(head),
+            layout,
+            static,
+            kept,
+            totals,
+            snapshot,
+        )
+        self._layout = layout
+        return snapshot
 
 
 def parse_region(

@@ -1,0 +1,276 @@
+"""The pure RegionDecoder: which ranges it asks for, what it decodes, change detection.
+
+The decoder is driven here over bytes in memory, as ``monitor/region.py`` drives it over
+``pread``; its answers are compared with ``parse_region`` of the whole buffer (the same rules
+applied by another route) and with what the bytes say.
+"""
+
+from __future__ import annotations
+
+import functools
+import tracemalloc
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import tests.strategies.layout as st_layout
+from hami_trio.errors import CacheFileRejected
+from hami_trio.monitor.layout import (
+    LAYOUTS,
+    MAGIC,
+    Format,
+    RejectReason,
+    layout_for_size,
+)
+from hami_trio.monitor.snapshot import (
+    KEEP_ROWS_SLOTS,
+    RegionDecoder,
+    UsageSnapshot,
+    parse_region,
+)
+from hami_trio.testing.regions import MemoryUse, ProcSlot, RegionSpec, UtilUse, build_region
+
+V0 = LAYOUTS[Format.V0]
+V1 = LAYOUTS[Format.V1]
+
+
+def region(**changes: object) -> bytearray:
+    base: dict[str, object] = {
+        "num": 2,
+        "uuids": ["GPU-aaaa", "GPU-bbbb"],
+        "limits": [1 << 30, 2 << 30],
+        "procs": [
+            ProcSlot(
+                pid=1, used=[MemoryUse(total=10), MemoryUse(total=20)], util=[UtilUse(sm_util=5)]
+            ),
+            ProcSlot(pid=2, used=[MemoryUse(total=100)], util=[UtilUse(sm_util=7)]),
+        ],
+        "priority": 3,
+        "recent_kernel": 2,
+        "last_kernel_time": 1_700_000_123,
+    }
+    base.update(changes)
+    return build_region(RegionSpec(**base))  # type: ignore[arg-type]
+
+
+def decode(
+    decoder: RegionDecoder, data: bytes | bytearray, reads: list[tuple[int, int]] | None = None
+) -> UsageSnapshot:
+    """Drive ``decoder`` over ``data`` (a whole file), checking every range it asks for."""
+    size = len(data)
+    step: tuple[int, int] | UsageSnapshot = decoder.start(size)
+    while isinstance(step, tuple):
+        offset, length = step
+        assert offset >= 0, (offset, length, size)
+        assert offset + length <= size, (offset, length, size)
+        if reads is not None:
+            reads.append(step)
+        step = decoder.feed(bytes(data[offset : offset + length]))
+    return step
+
+
+def outcome_of(call: Callable[[], UsageSnapshot]) -> UsageSnapshot | CacheFileRejected:
+    try:
+        result = call()
+    except CacheFileRejected as exc:
+        return exc
+    return result
+
+
+def same_outcome(got: UsageSnapshot | CacheFileRejected, want: object) -> None:
+    if isinstance(want, CacheFileRejected):
+        assert isinstance(got, CacheFileRejected), (got, want)
+        assert (got.reason, str(got)) == (want.reason, str(want))
+    else:
+        assert got == want
+
+
+# -- the ranges it asks for ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", list(Format))
+def test_asks_for_the_tail_then_the_head_up_to_the_live_slots(fmt: Format) -> None:
+    data = region(format=fmt, last_kernel_time=0 if fmt is Format.V0 else 1)
+    layout = LAYOUTS[fmt]
+    reads: list[tuple[int, int]] = []
+    snapshot = decode(RegionDecoder(), data, reads)
+    assert reads == [(layout.tail_offset, layout.tail_size), (0, layout.body_size(2))]
+    assert snapshot.format is fmt
+    assert (snapshot.proc_num, snapshot.active_slots, snapshot.priority) == (2, 2, 3)
+    assert [d.memory_total for d in snapshot.devices] == [110, 20]
+
+
+@pytest.mark.parametrize(("proc_num", "slots"), [(-5, 0), (0, 0), (7, 7), (5000, 1024)])
+def test_the_head_range_follows_the_clamped_proc_num(proc_num: int, slots: int) -> None:
+    data = region(proc_num=proc_num)
+    reads: list[tuple[int, int]] = []
+    snapshot = decode(RegionDecoder(), data, reads)
+    assert reads[1] == (0, V1.body_size(slots))
+    assert snapshot.proc_num == proc_num
+
+
+def test_a_tiny_file_is_refused_before_anything_is_read() -> None:
+    decoder = RegionDecoder()
+    with pytest.raises(CacheFileRejected) as info:
+        decoder.start(11)
+    assert info.value.reason is RejectReason.TOO_SMALL
+    assert str(info.value) == "cache file size 11 too small (< 12 bytes)"
+    assert decoder.layout is None
+
+
+@pytest.mark.parametrize(
+    ("header_magic", "reason"), [(MAGIC, RejectReason.UNKNOWN_VERSION), (7, RejectReason.MAGIC)]
+)
+def test_a_size_no_layout_fits_reads_only_the_header_to_name_it(
+    header_magic: int, reason: RejectReason
+) -> None:
+    data = bytearray(100)
+    data[:4] = header_magic.to_bytes(4, "little")
+    reads: list[tuple[int, int]] = []
+    with pytest.raises(CacheFileRejected) as info:
+        decode(RegionDecoder(), data, reads)
+    assert reads == [(0, 12)]
+    assert info.value.reason is reason
+    assert "size 100" in str(info.value)
+
+
+def test_bytes_of_the_wrong_length_or_out_of_turn_are_an_error() -> None:
+    decoder = RegionDecoder()
+    with pytest.raises(ValueError, match="call start"):
+        decoder.feed(b"")
+    offset, length = decoder.start(V1.sizeof + 1)
+    with pytest.raises(ValueError, match=f"asked for {length} bytes, got 3"):
+        decoder.feed(b"abc")
+    data = region()
+    snapshot = decode(decoder, data)  # a new start() begins afresh
+    with pytest.raises(ValueError, match="call start"):
+        decoder.feed(bytes(data[offset : offset + length]))
+    assert decode(decoder, data) is snapshot
+
+
+# -- change detection ----------------------------------------------------------------------
+
+
+def test_unchanged_bytes_give_the_same_snapshot_object() -> None:
+    decoder = RegionDecoder()
+    assert (decoder.layout, decoder.size) == (None, None)
+    data = region()
+    first = decode(decoder, data)
+    assert (decoder.layout, decoder.size) == (V1, len(data))
+    assert decode(decoder, bytes(data)) is first
+
+
+def test_a_tail_change_keeps_the_slot_sums_and_a_slot_change_is_seen() -> None:
+    decoder = RegionDecoder()
+    first = decode(decoder, region())
+    moved = decode(decoder, region(priority=0, recent_kernel=-1))
+    assert (moved.priority, moved.recent_kernel) == (0, -1)
+    assert moved.devices is first.devices  # the slots were not summed again
+    slot = ProcSlot(
+        pid=1, used=[MemoryUse(total=11), MemoryUse(total=20)], util=[UtilUse(sm_util=5)]
+    )
+    changed = decode(decoder, region(priority=0, recent_kernel=-1, procs=[slot]))
+    assert (changed.active_slots, changed.devices[0].memory_total) == (1, 11)
+    assert decode(decoder, region()) == first
+
+
+def test_a_static_change_is_decoded_afresh() -> None:
+    decoder = RegionDecoder()
+    decode(decoder, region())
+    again = decode(decoder, region(uuids=["GPU-cccc", "GPU-bbbb"], limits=[5, 6]))
+    assert again.devices[0].uuid.text == "GPU-cccc"
+    assert [d.memory_limit for d in again.devices] == [5, 6]
+
+
+def test_a_rejection_keeps_what_the_last_good_decode_knew() -> None:
+    decoder = RegionDecoder()
+    data = region()
+    first = decode(decoder, data)
+    bad = bytearray(data)
+    bad[:4] = b"\0\0\0\0"
+    with pytest.raises(CacheFileRejected) as info:
+        decode(decoder, bad)
+    assert info.value.reason is RejectReason.MAGIC
+    assert decoder.layout is None  # nothing to write against
+    assert decoder.size == len(data)
+    assert decode(decoder, data) == first
+
+
+def test_many_live_slots_are_re_summed_not_kept() -> None:
+    # More than KEEP_ROWS_SLOTS live slots: the decoder keeps sums, not ~100,000 ints.
+    slot = ProcSlot(
+        pid=1,
+        used=[MemoryUse(total=(d + 1) << 20) for d in range(16)],
+        util=[UtilUse(sm_util=d) for d in range(16)],
+    )
+    many = {"num": 16, "uuids": [f"GPU-{d}" for d in range(16)], "procs": [slot] * 1024}
+    data = region(**many)
+    decoder = RegionDecoder()
+    tracemalloc.start()
+    try:
+        first = decode(decoder, data)
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert kept < 512 << 10, kept
+    assert KEEP_ROWS_SLOTS < 1024
+    assert first.devices[15].memory_total == 1024 * (16 << 20)
+    assert decode(decoder, data) is first
+    data[V1.procs + 7 * V1.slot_size + V1.slot_status] = 0  # slot 7's status word: 0
+    changed = decode(decoder, data)
+    assert changed.active_slots == 1023
+    assert changed.devices[0].memory_total == 1023 << 20
+
+
+# -- against parse_region ------------------------------------------------------------------
+
+
+@given(st_layout.region_files())
+def test_any_file_decodes_as_parse_region_does(data: bytes) -> None:
+    got = outcome_of(lambda: decode(RegionDecoder(), data))
+    same_outcome(got, outcome_of(lambda: parse_region(data)))
+
+
+@st.composite
+def edited_regions(draw: st.DrawFn) -> list[bytes]:
+    """One region, then a few versions of it with bytes changed in its prefix, in the
+    summed fields (used memory, SM utilisation, status) of its first slots, or in its tail
+    (the parts the decoder keeps apart), or not changed at all."""
+    data = bytearray(draw(st_layout.region_bytes()))
+    layout = layout_for_size(len(data))
+    assert layout is not None
+    summed = [layout.slot_status, layout.slot_status + 3]
+    for d in range(3):
+        used = layout.slot_used + d * layout.used_stride
+        summed += range(used, used + 40)
+        summed.append(layout.slot_util + d * layout.util_stride + 16)
+    slot_bytes = st.builds(
+        lambda slot, offset: layout.procs + slot * layout.slot_size + offset,
+        st.integers(0, 3),
+        st.sampled_from(summed),
+    )
+    positions = st.one_of(
+        st.integers(0, layout.procs - 1),
+        slot_bytes,
+        st.integers(layout.tail_offset, layout.tail_offset + layout.tail_size - 1),
+    )
+    versions = [bytes(data)]
+    for _ in range(draw(st.integers(1, 4))):
+        for _ in range(draw(st.integers(0, 3))):
+            data[draw(positions)] = draw(st.integers(0, 255))
+        versions.append(bytes(data))
+    return versions
+
+
+@given(edited_regions())
+def test_one_decoder_over_changing_bytes_answers_as_a_fresh_parse(versions: list[bytes]) -> None:
+    decoder = RegionDecoder()
+    previous: tuple[bytes, UsageSnapshot | CacheFileRejected] | None = None
+    for data in versions:
+        got = outcome_of(functools.partial(decode, decoder, data))
+        same_outcome(got, outcome_of(functools.partial(parse_region, data)))
+        if previous is not None and previous[0] == data and isinstance(got, UsageSnapshot):
+            assert got is previous[1], "unchanged bytes: the same snapshot object"
+        previous = (data, got)
