@@ -45,7 +45,7 @@ __all__ = [
     "MigLockReason",
     "Monitor",
     "MonitorConfig",
-    "prepare_lock_dir",
+    "prepare_mig_lock_dir",
     "probe_mig_lock",
     "serve_monitor",
 ]
@@ -86,7 +86,7 @@ class MonitorConfig:
 
     def __post_init__(self) -> None:
         if not self.interval > 0:
-            raise ConfigError(f"--interval: must be > 0 seconds, got {self.interval}")
+            raise ConfigError(f"MonitorConfig.interval: must be > 0 seconds, got {self.interval}")
         if self.tick_deadline is not None and not self.tick_deadline > 0:
             raise ConfigError(f"tick deadline must be > 0 seconds, got {self.tick_deadline}")
         if self.resync_interval < 0:
@@ -267,7 +267,7 @@ def _check_lock_dir(
     return None if refused is None else refused.problem
 
 
-def prepare_lock_dir(directory: Path) -> MigLockProblem | None:
+def prepare_mig_lock_dir(directory: Path) -> MigLockProblem | None:
     """Create the MIG lock directory with mode 0755 if it is missing (never fatal).
 
     Creation and checks go through descriptors (see :func:`probe_mig_lock`); its missing

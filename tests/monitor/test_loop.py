@@ -24,7 +24,7 @@ from hami_trio.monitor.lister import ContainerKey
 from hami_trio.monitor.loop import (
     Monitor,
     MonitorConfig,
-    prepare_lock_dir,
+    prepare_mig_lock_dir,
     serve_monitor,
 )
 from hami_trio.pods.source import PodInfo, StaticPodSource
@@ -37,18 +37,18 @@ from tests.sandbox import NOBODY, run_in_child, world_readable_dir
 def test_prepare_lock_dir(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     old = os.umask(0o077)
     try:
-        prepare_lock_dir(tmp_path / "a" / "hami")
+        prepare_mig_lock_dir(tmp_path / "a" / "hami")
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "a" / "hami").stat().st_mode) == 0o755
     existing = tmp_path / "existing"
     existing.mkdir(mode=0o700)
-    prepare_lock_dir(existing)
+    prepare_mig_lock_dir(existing)
     assert stat.S_IMODE(existing.stat().st_mode) == 0o700  # not ours to change
     (tmp_path / "file").write_text("")
     with caplog.at_level(logging.WARNING):
-        prepare_lock_dir(tmp_path / "file" / "hami")  # never fatal
-        prepare_lock_dir(tmp_path / "file")
+        prepare_mig_lock_dir(tmp_path / "file" / "hami")  # never fatal
+        prepare_mig_lock_dir(tmp_path / "file")
     assert len(caplog.records) == 2
 
 
