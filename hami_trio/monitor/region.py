@@ -1,31 +1,15 @@
 """Open, read and write one tenant-owned ``.cache`` file without giving the tenant a lever.
 
-The tenant owns its shared region: the file sits in a directory mounted read-write into its
-container, so at any moment it can truncate, grow, replace or rewrite it, or put a symlink,
-FIFO, device node, directory or hard link in its place.  This module is the only place that
-touches such a file, and it is built so that none of that can hurt the agent or anyone else
-(``docs/monitor.md`` has the full threat model):
-
-- **No mapping.**  Upstream maps the file ``MAP_SHARED``; once the tenant truncates it, the
-  next read of a page past the new end raises SIGBUS and kills the monitor.  We copy the few
-  ranges we need with ``os.pread`` (a short read on a shrinking file is just a short read)
-  and write the two control words with one 4-byte ``os.pwrite`` each.
-- **Open without following anything and without opening the object itself first.**  The
-  file is first opened ``O_PATH | O_NOFOLLOW`` relative to its directory, which pins the
-  inode without calling any driver's ``open`` (so a device node such as a watchdog swapped in
-  by the tenant is never opened); only a regular file with one link is then re-opened for
-  reading and writing through ``/proc/self/fd`` - the same inode, no second path lookup -
-  with ``O_NONBLOCK | O_NOCTTY``.
-- **Identity is checked every tick** by the lister (``(st_dev, st_ino)`` of the path against
-  the open descriptor); writes go only to the descriptor, never to a path, and only when the
-  file still has the size the snapshot was read at.
-- **Bounded reads.**  What to read, and what it means, is the pure
-  :class:`~hami_trio.monitor.snapshot.RegionDecoder`'s job (change detection included):
-  this module only ``pread``s the ranges it asks for - the tail (16/24 bytes), then the head
-  up to the live slots, ``proc_num`` clamped to 1024 - and refuses a short read.
-
-Every failure is a :class:`~hami_trio.errors.CacheFileRejected` with a reason token; nothing
-here raises anything else for tenant-controlled input.
+How this works: the file is opened ``O_PATH | O_NOFOLLOW`` relative to its directory (never
+following a link, never calling a device's or FIFO's ``open``), and only a regular file with
+one link is re-opened through ``/proc/self/fd`` with ``O_NONBLOCK | O_NOCTTY``.  There is no
+mapping (a truncated file cannot SIGBUS the agent): the pure
+:class:`~hami_trio.monitor.snapshot.RegionDecoder` names the byte ranges, this module
+``pread``s them and refuses a short read, and the two control words are written with one
+4-byte ``pwrite`` each, only while the file still has the size the snapshot was read at.
+The lister checks the file's identity every tick.  Every failure is a
+:class:`~hami_trio.errors.CacheFileRejected` with a reason token.  docs/monitor.md (How one
+region is read, Tenant threat model).
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """Immutable usage snapshots of one shared region, parsed from bytes (pure).
 
-The monitor never keeps a live view into a tenant's file.  Each tick a :class:`RegionDecoder`
-(one per open file) says which few byte ranges to read, :mod:`hami_trio.monitor.region`
-``pread``s them, and the decoder turns them into a :class:`UsageSnapshot` - the same object
-again when no byte it depends on changed: frozen dataclasses that the feedback step, the
-metrics collector and the ``inspect`` command share without locks.  :func:`parse_region`
-applies the same rules to a whole file in memory (fuzzing, tests).
-
-What is read, for a region with ``k = clamp(proc_num, 0, 1024)`` live slots:
-
-- the *head*: bytes ``[0, procs + k * slot_size)`` - header, device count, UUIDs, limits and
-  the first ``k`` process slots (about 17 KiB for 8 slots in v1, not the whole 2 MB);
-- the *tail*: ``proc_num, utilization_switch, recent_kernel, priority`` and, in v1,
-  ``last_kernel_time`` (16 or 24 bytes).
-
-Per-device memory and SM utilisation are sums over the live slots whose ``status != 0``, in
-uint64 arithmetic (wrapping modulo 2**64, as HAMi-core's and HAMi's own sums do).  Only the
-first ``device_count = min(num, 16)`` devices get sums; all 16 UUIDs are kept because the
-feedback step, like upstream, looks at every UUID slot.
+How this works: a :class:`RegionDecoder` (one per open file) says which byte ranges to read -
+the 16/24-byte tail, then the head up to ``clamp(proc_num, 0, 1024)`` live slots -
+:mod:`hami_trio.monitor.region` ``pread``s them, and the decoder turns them into a frozen
+:class:`UsageSnapshot`, the same object again when no byte it depends on changed.  Per-device
+memory and SM utilisation are uint64 sums (wrapping, as HAMi does) over the live slots whose
+``status != 0``; all 16 UUIDs are kept for the feedback step.  :func:`parse_region` applies
+the same rules to a whole file in memory (fuzzing, tests).  docs/monitor.md (Usage snapshot,
+How one region is read).
 """
 
 from __future__ import annotations
