@@ -168,6 +168,14 @@ def emptied(directory: Path) -> int:
     return size
 
 
+def add_loaded_containers(root: Path, count: int) -> None:
+    """``count`` well-behaved containers ``n000_main``... with one small region each."""
+    for i in range(count):
+        directory = root / f"n{i:03d}_main"
+        directory.mkdir()
+        write_region(directory / "x.cache", RegionSpec(uuids=["GPU-00"], recent_kernel=2))
+
+
 async def test_hostile_regions_changed_every_tick_yield_every_k_units(
     tmp_path: Path, work: StepWork
 ) -> None:
@@ -204,10 +212,7 @@ async def test_huge_empty_directory_is_not_listed_on_the_event_loop(
     size = emptied(huge)
     if size <= max(INLINE_DIR_BYTES, MAX_STEP_WORK):
         pytest.skip(f"this filesystem shrinks emptied directories ({size} bytes left)")
-    for i in range(20):
-        directory = root / f"n{i:03d}_main"
-        directory.mkdir()
-        write_region(directory / "x.cache", RegionSpec(uuids=["GPU-00"], recent_kernel=2))
+    add_loaded_containers(root, 20)
     monitor = monitor_for(hook)
     try:
         await ticks(monitor, work, 3, lambda tick: None)
@@ -229,10 +234,7 @@ async def test_huge_containers_directory_is_not_listed_on_the_event_loop(
     size = emptied(root)  # thousands of containers came and went
     if size <= max(INLINE_DIR_BYTES, MAX_STEP_WORK):
         pytest.skip(f"this filesystem shrinks emptied directories ({size} bytes left)")
-    for i in range(5):
-        directory = root / f"n{i:03d}_main"
-        directory.mkdir()
-        write_region(directory / "x.cache", RegionSpec(uuids=["GPU-00"], recent_kernel=2))
+    add_loaded_containers(root, 5)
     monitor = monitor_for(tmp_path)
     try:
         await ticks(monitor, work, 2, lambda tick: None)

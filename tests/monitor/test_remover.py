@@ -31,6 +31,16 @@ from hami_trio.pods.source import StaticPodSource
 UNLIMITED = Budget(ops=10**9, seconds=1e6)
 
 
+def fill_with_files(directory: Path, count: int) -> None:
+    """``count`` empty files with 40-character names, created through one descriptor."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for index in range(count):
+            os.close(os.open(f"{index:040d}", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+    finally:
+        os.close(fd)
+
+
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -194,12 +204,7 @@ def test_a_5000_deep_chain_needs_bounded_descriptors_and_memory(containers: Path
 def test_a_directory_of_50000_files_is_never_listed_into_memory(containers: Path) -> None:
     top = containers / "gone_c"
     top.mkdir()
-    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for index in range(50_000):
-            os.close(os.open(f"{index:040d}", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
-    finally:
-        os.close(fd)
+    fill_with_files(top, 50_000)
     remover = TreeRemover(containers, "gone_c")
     tracemalloc.start()
     try:
@@ -505,12 +510,7 @@ def test_monitor_keeps_ticking_while_200000_files_are_removed(containers: Path) 
     (before, one tick waited 1.7 s for rmtree; see bench/monitor_removal.py)."""
     gone = containers / "gone_c"
     gone.mkdir()
-    fd = os.open(gone, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for index in range(200_000):
-            os.close(os.open(f"{index:040d}", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
-    finally:
-        os.close(fd)
+    fill_with_files(gone, 200_000)
     make_old(gone)
     registry = CollectorRegistry()
     monitor = monitor_for(containers, registry)
