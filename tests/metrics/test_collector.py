@@ -647,7 +647,11 @@ def test_no_tenant_data_fails_a_scrape(tenants: list[tuple[str, str, str]]) -> N
     containers = [FakeContainer("uid-good", "main-a")]
     for index, (name, container, annotation) in enumerate(tenants):
         uid = f"uid-{index}"
-        pods.append(mig_pod(uid, annotation, name=name, containers=(container,)))
+        # (namespace, name) is unique in Kubernetes: each tenant gets its own namespace.
+        namespace = f"tenant-{index}"
+        pods.append(
+            mig_pod(uid, annotation, name=name, namespace=namespace, containers=(container,))
+        )
         containers.append(FakeContainer(uid, container))
     registry = CollectorRegistry()
     registry.register(collector(FakeMonitor(containers), pods))
@@ -655,13 +659,16 @@ def test_no_tenant_data_fails_a_scrape(tenants: list[tuple[str, str, str]]) -> N
     mine = [
         labels
         for labels, _ in samples(text, "hami_vgpu_memory_used_bytes")
-        if labels["pod"] == "trainer-0"
+        if labels["namespace"] == "team-a"
     ]
     assert [labels["container"] for labels in mine] == ["main-a"]
     rows = samples(text, "hami_mig_device_info")
-    assert [labels["mig_uuid"] for labels, _ in rows if labels["pod"] == "trainer-0"] == ["MIG-1-0"]
-    per_pod: dict[str, int] = {}
+    assert [labels["mig_uuid"] for labels, _ in rows if labels["namespace"] == "team-a"] == [
+        "MIG-1-0"
+    ]
+    per_pod: dict[tuple[str, str], int] = {}
     for labels, _ in rows:
-        per_pod[labels["pod"]] = per_pod.get(labels["pod"], 0) + 1
+        key = (labels["namespace"], labels["pod"])
+        per_pod[key] = per_pod.get(key, 0) + 1
         assert all(len(value) <= 256 for value in labels.values())
     assert all(count <= 128 for count in per_pod.values())
