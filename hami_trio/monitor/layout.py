@@ -153,6 +153,8 @@ class Layout:
     sm_limit: int
     procs: int
     slot_size: int
+    slot_pid: int
+    slot_hostpid: int
     slot_used: int
     used_stride: int
     slot_util: int
@@ -231,6 +233,8 @@ def _build(fmt: Format) -> Layout:
         sm_limit=off("sm_limit"),
         procs=off("procs"),
         slot_size=size(SLOT_TABLE),
+        slot_pid=slot_off("pid"),
+        slot_hostpid=slot_off("hostpid"),
         slot_used=used[0],
         used_stride=used[1] // MAX_DEVICES,
         slot_util=util[0],

@@ -154,7 +154,10 @@ class UsageSnapshot:
     (first byte not NUL), in slot order - HAMi's device identity for Observe.
     ``major``/``minor`` are None for v0 (it has no version words).
     ``proc_num`` is the raw value from the file; ``active_slots`` counts the slots that were
-    summed (index below the clamped ``proc_num`` and ``status != 0``).
+    summed (index below the clamped ``proc_num`` and ``status != 0``).  ``pids`` and
+    ``host_pids`` are those live slots' ``pid`` (the process's own PID namespace) and
+    ``hostpid`` (0: HAMi-core never learned it), in slot order; ``device_processes[d]``
+    counts the live slots using device ``d`` (its memory total or SM utilisation not 0).
     """
 
     format: Format
@@ -171,6 +174,9 @@ class UsageSnapshot:
     devices: tuple[DeviceUsage, ...]
     uuids: tuple[DeviceUUID, ...]
     device_keys: tuple[bytes, ...]
+    pids: tuple[int, ...] = ()
+    host_pids: tuple[int, ...] = ()
+    device_processes: tuple[int, ...] = ()
 
 
 def read_tail(
@@ -219,10 +225,17 @@ def parse_static(layout: Layout, head: bytes | bytearray | memoryview) -> Static
 
 @dataclass(frozen=True, slots=True)
 class SlotTotals:
-    """The per-device sums over the live slots of one head buffer, and how many were live."""
+    """The per-device sums over the live slots of one head buffer, and how many were live.
+
+    ``pids``/``host_pids``: the live slots' PIDs in slot order; ``device_processes``: per
+    device, the live slots using it (memory total or SM utilisation not 0).
+    """
 
     devices: tuple[DeviceUsage, ...]
     active_slots: int
+    pids: tuple[int, ...] = ()
+    host_pids: tuple[int, ...] = ()
+    device_processes: tuple[int, ...] = ()
 
 
 # (format, device_count) -> slot struct; at most 2 x 17 entries.
@@ -230,10 +243,10 @@ _SLOT_STRUCTS: dict[tuple[Format, int], struct.Struct] = {}
 
 
 def slot_struct(layout: Layout, device_count: int) -> struct.Struct:
-    """A ``struct`` spanning exactly one slot that picks, in offset order: per device below
-    ``device_count`` the five ``used`` words (context, module, data, offset, total), then per
-    device ``sm_util``, then ``status``.  ``iter_unpack`` then reads every slot in C.
-    Memoised per (format, device count): at most 2 x 17 of them."""
+    """A ``struct`` spanning exactly one slot that picks, in offset order: ``pid``,
+    ``hostpid``, per device below ``device_count`` the five ``used`` words (context, module,
+    data, offset, total), then per device ``sm_util``, then ``status``.  ``iter_unpack``
+    then reads every slot in C.  Memoised per (format, device count): at most 2 x 17."""
     codec = _SLOT_STRUCTS.get((layout.format, device_count))
     if codec is None:
         codec = _SLOT_STRUCTS[(layout.format, device_count)] = _build_slot_struct(
@@ -243,7 +256,7 @@ def slot_struct(layout: Layout, device_count: int) -> struct.Struct:
 
 
 def _build_slot_struct(layout: Layout, device_count: int) -> struct.Struct:
-    picks: list[tuple[int, str]] = []
+    picks: list[tuple[int, str]] = [(layout.slot_pid, "i"), (layout.slot_hostpid, "i")]
     for d in range(device_count):
         base = layout.slot_used + d * layout.used_stride
         picks += [(base + off, "Q") for off in USED_FIELDS.values()]
@@ -264,9 +277,9 @@ def slot_rows(
     layout: Layout, head: bytes | bytearray | memoryview, slots: int, device_count: int
 ) -> list[tuple[int, ...]]:
     """The fields the monitor uses from each of slots ``[0, slots)``, one tuple per slot:
-    per device below ``device_count`` (context, module, data, offset, total), then per
-    device ``sm_util``, then ``status`` (last).  A few hundred bytes of ints instead of the
-    ~2 KB slot, so the reader can keep them to detect change cheaply.
+    ``pid``, ``hostpid``, per device below ``device_count`` (context, module, data, offset,
+    total), then per device ``sm_util``, then ``status`` (last).  A few hundred bytes of
+    ints instead of the ~2 KB slot, so the reader can keep them to detect change cheaply.
 
     Raises:
         ValueError: ``head`` is too short for ``slots`` slots.
@@ -282,12 +295,20 @@ def sum_rows(rows: list[tuple[int, ...]], static: StaticInfo) -> SlotTotals:
     """Sum :func:`slot_rows` over the slots whose status is not 0 (uint64, wrapping)."""
     count = static.device_count
     live = [row for row in rows if row[-1]]
+    sm_base = 2 + 5 * count
     if live:
-        sums = [sum(column) & _MASK64 for column in zip(*live, strict=True)]
+        columns = list(zip(*live, strict=True))
+        sums = [sum(column) & _MASK64 for column in columns]
+        pids: tuple[int, ...] = columns[0]
+        host_pids: tuple[int, ...] = columns[1]
+        busy = tuple(
+            [sum(1 for row in live if row[6 + 5 * d] or row[sm_base + d]) for d in range(count)]
+        )
     else:
-        sums = [0] * (6 * count + 1)
+        sums = [0] * (sm_base + count + 1)
+        pids = host_pids = ()
+        busy = (0,) * count
     uuids, limits, sm_limits = static.uuids, static.limits, static.sm_limits
-    sm_base = 5 * count
     # positional: (index, uuid, limit, sm_limit, total, context, module, buffer, offset, sm)
     devices = tuple(
         [
@@ -296,17 +317,17 @@ def sum_rows(rows: list[tuple[int, ...]], static: StaticInfo) -> SlotTotals:
                 uuids[d],
                 limits[d],
                 sm_limits[d],
-                sums[5 * d + 4],
-                sums[5 * d],
-                sums[5 * d + 1],
-                sums[5 * d + 2],
-                sums[5 * d + 3],
+                sums[6 + 5 * d],
+                sums[2 + 5 * d],
+                sums[3 + 5 * d],
+                sums[4 + 5 * d],
+                sums[5 + 5 * d],
                 sums[sm_base + d],
             )
             for d in range(count)
         ]
     )
-    return SlotTotals(devices, len(live))
+    return SlotTotals(devices, len(live), pids, host_pids, busy)
 
 
 def sum_slots(
@@ -386,6 +407,9 @@ def _snapshot(
         devices=totals.devices,
         uuids=static.uuids,
         device_keys=static.device_keys,
+        pids=totals.pids,
+        host_pids=totals.host_pids,
+        device_processes=totals.device_processes,
     )
 
 

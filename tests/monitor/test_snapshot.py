@@ -176,6 +176,49 @@ def test_a_tail_change_keeps_the_slot_sums_and_a_slot_change_is_seen() -> None:
     assert decode(decoder, region()) == first
 
 
+@pytest.mark.parametrize("fmt", list(Format))
+def test_live_slots_give_their_pids_and_the_devices_they_use(fmt: Format) -> None:
+    procs = [
+        ProcSlot(pid=7, hostpid=4001, used=[MemoryUse(total=10)]),  # device 0 only
+        ProcSlot(pid=8, hostpid=0, status=0, used=[MemoryUse(total=5), MemoryUse(total=5)]),
+        ProcSlot(
+            pid=9, hostpid=0, used=[MemoryUse(), MemoryUse()], util=[UtilUse(), UtilUse(sm_util=1)]
+        ),
+        ProcSlot(pid=10, hostpid=4003, used=[MemoryUse(total=1), MemoryUse(total=2)]),
+        ProcSlot(pid=11, hostpid=4004, used=[MemoryUse(total=3)]),  # beyond proc_num
+    ]
+    data = region(format=fmt, procs=procs, proc_num=4, last_kernel_time=0)
+    for snapshot in (decode(RegionDecoder(), data), parse_region(data)):
+        # slot 1 exited (status 0) and slot 4 is past proc_num: neither is a process
+        assert (snapshot.pids, snapshot.host_pids) == ((7, 9, 10), (4001, 0, 4003))
+        # slot 9 uses device 1 by SM utilisation alone, slot 10 both devices by memory
+        assert snapshot.device_processes == (2, 2)
+        assert [d.memory_total for d in snapshot.devices] == [11, 2]
+
+
+def test_a_host_pid_change_alone_is_a_new_snapshot() -> None:
+    decoder = RegionDecoder()
+    first = decode(decoder, region())
+    assert first.host_pids == (0, 0)
+    slots = [
+        ProcSlot(
+            pid=1,
+            hostpid=5001,
+            used=[MemoryUse(total=10), MemoryUse(total=20)],
+            util=[UtilUse(sm_util=5)],
+        ),
+        ProcSlot(pid=2, used=[MemoryUse(total=100)], util=[UtilUse(sm_util=7)]),
+    ]
+    learned = decode(decoder, region(procs=slots))
+    assert learned.host_pids == (5001, 0)
+    assert learned.devices == first.devices
+
+
+def test_no_live_slot_means_no_processes() -> None:
+    snapshot = decode(RegionDecoder(), region(procs=[]))
+    assert (snapshot.pids, snapshot.host_pids, snapshot.device_processes) == ((), (), (0, 0))
+
+
 def test_a_static_change_is_decoded_afresh() -> None:
     decoder = RegionDecoder()
     decode(decoder, region())
