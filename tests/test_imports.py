@@ -95,6 +95,12 @@ def test_the_command_line_and_the_package_import_nothing_heavy() -> None:
     assert heavy_modules(modules) == []
 
 
+def test_the_package_namespace_loads_its_re_exports_on_first_use() -> None:
+    modules = imported_by("import hami_trio")
+    assert heavy_modules(modules, ("trio", "prometheus_client", "hami_trio.agent", *HEAVY)) == []
+    assert "hami_trio.broker.server" in imported_by("import hami_trio\nhami_trio.serve_broker")
+
+
 def test_the_monitor_alone_imports_no_kubernetes_and_no_nvml() -> None:
     modules = imported_by("import hami_trio.monitor.loop, hami_trio.metrics.collector")
     assert heavy_modules(modules) == []
@@ -105,3 +111,17 @@ def test_the_check_names_what_the_pod_watch_pulls_in() -> None:
     found = heavy_modules(imported_by("import hami_trio.pods.watch"))
     assert {"kubernetes_asyncio", "aiohttp", "trio_asyncio", "hami_trio.pods.watch"} <= set(found)
     assert heavy_modules(["aiohttpx", "kubernetes_asyncio_extra"]) == []
+
+
+def test_a_client_command_loads_neither_trio_nor_the_agent(tmp_path: Path) -> None:
+    """``hami-trio hostpid`` (run inside pods) imports only the broker's client side."""
+    dump = tmp_path / "modules.json"
+    subprocess.run(
+        [sys.executable, "-c", _PROBE, str(dump), "hostpid", "--socket-path", "/nonexistent"],
+        capture_output=True,
+        env=agent_env({"LIBVGPU_HOSTPID_BROKER": "1"}),
+        check=False,
+    )
+    modules = json.loads(dump.read_text())
+    assert "hami_trio.broker.client" in modules
+    assert heavy_modules(modules, ("trio", "prometheus_client", "hami_trio.agent", *HEAVY)) == []
