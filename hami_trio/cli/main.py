@@ -97,8 +97,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _command_of(argv: Sequence[str]) -> str | None:
-    """The command ``argv`` names, if it is one of :data:`COMMANDS`; None for anything else
-    (no command, ``--help``, ``version``, a typo), which the full parser handles."""
+    """The command ``argv`` names, if it is ``version`` or one of :data:`COMMANDS`; None for
+    anything else (no command, ``--help`` before it, a typo), which the full parser handles."""
     for arg in argv:
         if arg in ("-h", "--help", "--version"):
             return None
