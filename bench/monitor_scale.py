@@ -327,6 +327,10 @@ def report(results: dict[str, dict[str, Figures]], ticks: int) -> None:
             extra = {k: v for k, v in fig.items() if not k.startswith(("tick_", "peak_rss"))}
             for key, value in extra.items():
                 print(f"{'':>6} {key} = {value:.3f}")
+        if "100" in by_n:
+            # The monitor's memory floor: this process holds the monitor, the scrape and no more.
+            rss = by_n["100"]["peak_rss_mb"]
+            print(f"target N=100: peak RSS {rss:.1f} MB (<= 40, monitor alone, issue 15)")
         if "1000" in by_n:
             k = by_n["1000"]
             print(

@@ -32,6 +32,7 @@ LAYERS: Mapping[str, int] = {
     "_version": 0,
     "goparse": 0,
     "_trio": 0,
+    "_lazy": 0,
     # features
     "broker": 1,
     "monitor": 1,

@@ -257,14 +257,12 @@ class _Agent:
         nvml: NvmlLibrary | None,
         task_status: trio.TaskStatus[AgentHandle],
     ) -> None:
-        # Imported here: pulling in kubernetes-asyncio and aiohttp costs about half
-        # a second, which every other hami-trio command would pay at start-up.
+        # Imported here, not at the top: the other hami-trio commands never need them.
         from hami_trio.allocation.watch import LockParentWatch, serve_lock_parent_watch
         from hami_trio.broker.server import serve_broker
         from hami_trio.metrics.collector import BuildInfoCollector, VGpuCollector
         from hami_trio.metrics.hostgpu import HostGpuSampler, serve_nvml_release
         from hami_trio.metrics.http import progress_check, serve_http
-        from hami_trio.pods.watch import KubernetesPodSource, serve_pod_watch
 
         config = self.config
         registry = self.registry
@@ -276,6 +274,10 @@ class _Agent:
             self.checks["broker"] = self.broker_listening
         all_pods: Callable[[], Mapping[str, PodInfo]] | None = None
         if config.kubernetes is not None:
+            # Only here: kubernetes-asyncio, aiohttp and trio-asyncio cost about 50 MiB of
+            # RSS and half a second, which --no-kubernetes never needs.
+            from hami_trio.pods.watch import KubernetesPodSource, serve_pod_watch
+
             watch = KubernetesPodSource(config.node_name, registry=registry)
             await nursery.start(
                 self.supervise, "pod-watch", partial(serve_pod_watch, watch, config.kubernetes)

@@ -8,7 +8,22 @@ package re-exports what the agent and library users need to run one.
 
 from __future__ import annotations
 
-from hami_trio.broker.boundary import DEFAULT_SOCKET_PATH
-from hami_trio.broker.server import BrokerConfig, BrokerHandle, serve_broker
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hami_trio.broker.boundary import DEFAULT_SOCKET_PATH
+    from hami_trio.broker.server import BrokerConfig, BrokerHandle, serve_broker
+else:
+    # On first use: the client side (``broker.client``, ``hami-trio hostpid``) needs neither
+    # trio nor the server.
+    from hami_trio._lazy import lazy_exports as _lazy_exports
+
+    __getattr__, __dir__ = _lazy_exports(
+        globals(),
+        {
+            "hami_trio.broker.boundary": ("DEFAULT_SOCKET_PATH",),
+            "hami_trio.broker.server": ("BrokerConfig", "BrokerHandle", "serve_broker"),
+        },
+    )
 
 __all__ = ["DEFAULT_SOCKET_PATH", "BrokerConfig", "BrokerHandle", "serve_broker"]

@@ -10,6 +10,8 @@ turns expected errors into one clear line and an exit status:
 - 2: bad usage or configuration (argparse errors, :class:`~hami_trio.errors.ConfigError`).
 
 A command function takes the parsed ``argparse.Namespace`` and returns the exit status.
+A run imports only the module of the command it names (:data:`COMMANDS`); ``--help``, no
+command or an unknown one build the full parser.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Callable, Sequence
-from typing import Protocol, cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final, Protocol, cast
 
 from hami_trio._version import __version__
 from hami_trio.errors import ConfigError, HamiTrioError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["COMMANDS", "build_parser", "main"]
 
 CommandFunc = Callable[[argparse.Namespace], int]
 
@@ -36,6 +38,19 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "hami_trio.cli.monitor",
     "hami_trio.cli.demo",
 )
+#: The module that registers each command (tests/cli/test_main.py checks it against the full
+#: parser): a run of one command imports only its module, so ``hami-trio hostpid`` or
+#: ``hami-trio allocate`` does not load the agent.
+COMMANDS: Final[Mapping[str, str]] = {
+    "run": "hami_trio.cli.run",
+    "broker": "hami_trio.cli.broker",
+    "hostpid": "hami_trio.cli.hostpid",
+    "prepare-lock-dir": "hami_trio.cli.allocate",
+    "allocate": "hami_trio.cli.allocate",
+    "inspect": "hami_trio.cli.monitor",
+    "monitor": "hami_trio.cli.monitor",
+    "demo": "hami_trio.cli.demo",
+}
 
 
 class _Registrar(Protocol):
@@ -57,8 +72,13 @@ def _cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full parser with every feature's subcommands."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The full parser with every feature's subcommands.
+
+    Args:
+        command: ``version`` or a name of :data:`COMMANDS`: only the module of that command
+            registers (the others' commands are then absent); None: every module.
+    """
     parser = argparse.ArgumentParser(
         prog="hami-trio",
         description="Node agent for HAMi GPU sharing: host PID broker, vGPU monitor, metrics.",
@@ -67,14 +87,31 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     version = subparsers.add_parser("version", help="print versions of hami-trio and its libraries")
     version.set_defaults(func=_cmd_version)
-    for name in _COMMAND_MODULES:
+    if command is None:
+        modules = _COMMAND_MODULES
+    else:
+        modules = () if command == "version" else (COMMANDS[command],)
+    for name in modules:
         cast(_Registrar, importlib.import_module(name)).register(subparsers)
     return parser
 
 
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names, if it is ``version`` or one of :data:`COMMANDS`; None for
+    anything else (no command, ``--help`` before it, a typo), which the full parser handles."""
+    for arg in argv:
+        if arg in ("-h", "--help", "--version"):
+            return None
+        if not arg.startswith("-"):
+            return arg if arg in COMMANDS or arg == "version" else None
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hami-trio`` console script; returns the exit status."""
-    parser = build_parser()
+    if argv is None:
+        argv = sys.argv[1:]
+    parser = build_parser(_command_of(argv))
     args = parser.parse_args(argv)
     func = cast(CommandFunc, args.func)
     try:

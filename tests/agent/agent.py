@@ -137,9 +137,11 @@ class AgentProcess:
         env: Mapping[str, str] | None = None,
         *,
         prefix: Sequence[str] = (),
+        python_args: Sequence[str] = ("-m", "hami_trio"),
     ) -> None:
         # prefix: a command the agent runs under (e.g. ``unshare ... sh -c 'mount ...; exec'``).
-        argv = [*prefix, sys.executable, "-m", "hami_trio", "run", "--log-format=json", *args]
+        # python_args: how Python starts the command line (``-c CODE`` wraps it in a probe).
+        argv = [*prefix, sys.executable, *python_args, "run", "--log-format=json", *args]
         self.proc = subprocess.Popen(
             argv, stderr=subprocess.PIPE, text=True, env=dict(env or agent_env())
         )
