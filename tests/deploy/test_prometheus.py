@@ -213,9 +213,9 @@ def exempt_reason(expr: str) -> str | None:
     return None
 
 
-def awaited(expr: str) -> list[str]:
-    """The AWAITING_OBSERVABILITY families ``expr`` selects."""
-    return [name for name in AWAITING_OBSERVABILITY if _selects(expr, name)]
+def awaited(expr: str, names: tuple[str, ...] = AWAITING_OBSERVABILITY) -> list[str]:
+    """The families of ``names`` (those awaited) that ``expr`` selects."""
+    return [name for name in names if _selects(expr, name)]
 
 
 def test_fill_replaces_every_form() -> None:
@@ -235,10 +235,11 @@ def test_grafana_regex_escape() -> None:
 def test_exemptions_match_whole_names() -> None:
     assert exempt_reason('hami_host_gpu_utilization_ratio{node=~"$node"}') is not None
     assert exempt_reason("hami_host_gpu_utilization_ratio_x") is None
-    assert awaited('count(hami_trio_container_processes{state="unknown"}) or vector(0)') == [
+    names = ("hami_trio_container_processes", "hami_trio_pod_info")
+    assert awaited('count(hami_trio_container_processes{state="x"}) or vector(0)', names) == [
         "hami_trio_container_processes"
     ]
-    assert awaited("hami_trio_container_processes_x + hami_trio_pod_infos") == []
+    assert awaited("hami_trio_container_processes_x + hami_trio_pod_infos", names) == []
 
 
 # --- the running stack ----------------------------------------------------------------------
@@ -703,6 +704,8 @@ def test_the_alerts_this_node_earns_are_active(stack: Stack) -> None:
         assert any(labels.items() <= got.items() for got in alerts[name]), (name, alerts[name])
     # Only the container over 90 % of its limit.
     assert {a["pod"] for a in alerts["HamiTrioContainerNearMemoryLimit"]} == {"train-0"}
+    # Only the container whose process has no host PID (train-0's is this test's own PID).
+    assert {a["pod"] for a in alerts.get("HamiTrioContainerHostPidUnknown", [])} <= {"infer-0"}
     assert stack.traffic.answers > 0
     assert stack.traffic.timeouts > 0
     assert stack.traffic.errors == []
