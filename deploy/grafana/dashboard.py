@@ -64,7 +64,13 @@ def _thresholds(*steps: tuple[float | None, str]) -> db.ThresholdsConfig:
 
 
 def stat_panel(
-    panel_id: int, title: str, description: str, expr: str, alert_color: str | None
+    panel_id: int,
+    title: str,
+    description: str,
+    expr: str,
+    alert_color: str | None,
+    *,
+    width: int = 4,
 ) -> stat.Panel:
     """A single number, green unless it is at least 1 (then ``alert_color``)."""
     steps: list[tuple[float | None, str]] = [(None, "green")]
@@ -77,7 +83,7 @@ def stat_panel(
         .description(description)
         .datasource(DATASOURCE)
         .height(4)
-        .span(4)
+        .span(width)
         .with_target(_query("A", expr, ""))
         .unit("none")
         .mappings([])
@@ -141,6 +147,24 @@ def series_panel(
     for ref_id, (expr, legend) in zip("ABCDEFGH", targets, strict=False):
         panel.with_target(_query(ref_id, expr, legend))
     return panel
+
+
+def dashed(panel: timeseries.Panel, *ref_ids: str) -> timeseries.Panel:
+    """The series of targets ``ref_ids`` dashed and unfilled: a limit or grant beside a use."""
+    for ref_id in ref_ids:
+        panel.override_by_query(
+            ref_id,
+            [
+                dm.DynamicConfigValue("custom.lineStyle", {"fill": "dash", "dash": [10, 10]}),
+                dm.DynamicConfigValue("custom.fillOpacity", 0),
+            ],
+        )
+    return panel
+
+
+def matching(selector: str, matcher: str) -> str:
+    """``selector`` (one of the matcher sets above) with one more label matcher."""
+    return f"{selector[:-1]}, {matcher}}}"
 
 
 def quantiles(histogram: str) -> list[Target]:
@@ -282,23 +306,20 @@ def build() -> db.Dashboard:
     )
 
     per_gpu = f"{CONTAINER} gpu{{{{vdevice_index}}}}"
-    memory = series_panel(
-        7,
-        "vGPU memory used vs limit",
-        "Device memory each container uses on each of its vGPUs (solid) against the limit"
-        " HAMi-core enforces (dashed).",
-        [
-            (f"hami_vgpu_memory_used_bytes{C}", f"{per_gpu} used"),
-            (f"hami_vgpu_memory_limit_bytes{C}", f"{per_gpu} limit"),
-        ],
-        unit="bytes",
-        width=12,
-    ).override_by_query(
+    memory = dashed(
+        series_panel(
+            7,
+            "vGPU memory used vs limit",
+            "Device memory each container uses on each of its vGPUs (solid) against the limit"
+            " HAMi-core enforces (dashed).",
+            [
+                (f"hami_vgpu_memory_used_bytes{C}", f"{per_gpu} used"),
+                (f"hami_vgpu_memory_limit_bytes{C}", f"{per_gpu} limit"),
+            ],
+            unit="bytes",
+            width=12,
+        ),
         "B",
-        [
-            dm.DynamicConfigValue("custom.lineStyle", {"fill": "dash", "dash": [10, 10]}),
-            dm.DynamicConfigValue("custom.fillOpacity", 0),
-        ],
     )
     section(
         dash,
@@ -343,6 +364,8 @@ def build() -> db.Dashboard:
             ),
         ],
     )
+
+    why(dash, per_gpu)
 
     duration = "hami_trio_broker_exchange_duration_seconds"
     section(
@@ -625,6 +648,158 @@ def build() -> db.Dashboard:
     )
     section(dash, 27, "Agents", [versions])
     return dash
+
+
+def why(dash: db.Dashboard, per_gpu: str) -> None:
+    """The row that answers operators' questions: what was granted, which processes HAMi-core
+    knows, which limits and priorities act, and why a container is not exported."""
+    processes = "hami_trio_container_processes"
+    unknown, exited = matching(C, 'state="unknown"'), matching(C, 'state="exited"')
+    not_exported = matching(N, 'state!~"exported|paused"')
+    section(
+        dash,
+        38,
+        "Why a share behaves as it does",
+        [
+            stat_panel(
+                39,
+                "Containers with host PID unknown",
+                "Containers with processes whose host PID HAMi-core never learned: their SM"
+                " utilisation reads 0. The host PID broker fixes it (docs/troubleshooting.md).",
+                f"count({processes}{unknown} > 0) or vector(0)",
+                "orange",
+                width=8,
+            ),
+            stat_panel(
+                40,
+                "Containers with exited processes",
+                "Containers with slots of processes that no longer exist: upstream still counts"
+                " their memory, so usage stays at its peak (--exclude-exited-processes).",
+                f"count({processes}{exited} > 0) or vector(0)",
+                "orange",
+                width=8,
+            ),
+            stat_panel(
+                41,
+                "Containers not exported",
+                "Container directories whose rows are not on /metrics (no pod, completed,"
+                " rejected file, no .cache file yet); the reasons are in the panel below.",
+                f"sum(hami_trio_monitor_containers{not_exported}) or vector(0)",
+                "orange",
+                width=8,
+            ),
+            dashed(
+                series_panel(
+                    42,
+                    "vGPU memory allocated vs used",
+                    "Device memory HAMi's scheduler allocated to each container (dashed, from the"
+                    " pod's hami.io/vgpu-devices-allocated, there before any use) against what"
+                    " it uses.",
+                    [
+                        (f"hami_vgpu_memory_used_bytes{C}", f"{per_gpu} used"),
+                        (f"hami_trio_container_allocated_memory_bytes{C}", f"{per_gpu} allocated"),
+                    ],
+                    unit="bytes",
+                    width=12,
+                ),
+                "B",
+            ),
+            dashed(
+                series_panel(
+                    43,
+                    "SM utilisation vs core limit",
+                    "SM utilisation of each container on each vGPU against the core limit"
+                    " HAMi-core enforces (CUDA_DEVICE_SM_LIMIT, 0 = none) and the cores the"
+                    " scheduler allocated (both dashed).",
+                    [
+                        (f"hami_container_device_utilization_ratio{C}", f"{per_gpu} used"),
+                        (f"hami_trio_container_core_limit_ratio{C}", f"{per_gpu} limit"),
+                        (f"hami_trio_container_allocated_cores_ratio{C}", f"{per_gpu} allocated"),
+                    ],
+                    unit="percent",
+                    width=12,
+                ),
+                "B",
+                "C",
+            ),
+            series_panel(
+                44,
+                "Processes by state",
+                "Process slots by the state of their host PID: running, exited (no such"
+                " process; still summed) and unknown (host PID 0: SM utilisation reads 0).",
+                [
+                    (
+                        f"sum by (namespace, pod, container, state) ({processes}{C})",
+                        f"{CONTAINER} {{{{state}}}}",
+                    )
+                ],
+            ),
+            series_panel(
+                45,
+                "Processes per vGPU",
+                "Slots using each device: fewer than the processes NVML shows on the GPU means"
+                " work outside HAMi-core (e.g. LD_PRELOAD bypassed).",
+                [(f"hami_trio_container_device_processes{C}", per_gpu)],
+            ),
+            series_panel(
+                46,
+                "Priority and utilisation switch",
+                "CUDA_TASK_PRIORITY (lower wins) and the utilisation switch the monitor last"
+                " wrote (1: HAMi-core holds the container to its core limit).",
+                [
+                    (f"hami_trio_container_priority{C}", f"{CONTAINER} priority"),
+                    (f"hami_trio_container_utilization_switch{C}", f"{CONTAINER} switch"),
+                ],
+            ),
+            series_panel(
+                47,
+                "Time held by priority blocking",
+                "Share of the time the monitor blocked each container's kernel launches because"
+                " a higher-priority task was active on its GPU.",
+                [(f"rate(hami_trio_container_blocked_seconds_total{C}{RATE})", CONTAINER)],
+                unit="percentunit",
+                width=12,
+                maximum=1,
+            ),
+            series_panel(
+                48,
+                "Blocking episodes",
+                "Times priority blocking began for each container.",
+                [(f"increase(hami_trio_container_blocks_total{C}{RATE})", CONTAINER)],
+                width=12,
+                bars=True,
+            ),
+            series_panel(
+                49,
+                "Containers not exported, by reason",
+                "Container directories whose rows are not exported: no_pod (pod unknown or not"
+                " labelled for this node), completed, rejected (file refused), no_cache_file.",
+                [
+                    (
+                        f"sum by (node, state) (hami_trio_monitor_containers{not_exported})",
+                        "{{node}} {{state}}",
+                    )
+                ],
+                stacked=True,
+            ),
+            series_panel(
+                50,
+                "Age of the container values",
+                "Seconds since the monitor's latest completed tick: the age of every container"
+                " value on /metrics (grows while the monitor is stuck or paused for MIG).",
+                [(f"time() - hami_trio_monitor_last_tick_timestamp_seconds{N}", "{{node}}")],
+                unit="s",
+            ),
+            series_panel(
+                51,
+                "Pods by phase",
+                "The node's vGPU pods (label hami.io/vgpu-node) the pod watch knows, by phase;"
+                " Succeeded and Failed pods are no longer exported.",
+                [(f"count by (node, phase) (hami_trio_pod_info{C})", "{{node}} {{phase}}")],
+                stacked=True,
+            ),
+        ],
+    )
 
 
 def render() -> str:

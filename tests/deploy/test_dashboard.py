@@ -67,6 +67,28 @@ STATEFUL = frozenset(
         "hami_trio_pod_watch_synced",  # Kubernetes on
     }
 )
+# The observability issue's families (issue 14: allocations, process states, limits and
+# feedback state, pod metadata), which the dashboard's "Why a share behaves as it does" row
+# shows and which are being implemented on other branches, with the labels they will carry.
+# Until a family lands the agent does not export it, so it may be missing from the scrape;
+# once it is exported, test_awaited_families_are_not_exported_yet fails until its entry is
+# removed here (the fixture already reaches every one: a pod with an allocation annotation,
+# a process slot). An empty dict is the goal.
+CONTAINER = ("namespace", "pod", "container")
+DEVICE = (*CONTAINER, "vdevice_index", "device_uuid")
+AWAITING_OBSERVABILITY: dict[str, tuple[str, ...]] = {
+    "hami_trio_container_allocated_memory_bytes": DEVICE,
+    "hami_trio_container_allocated_cores_ratio": DEVICE,
+    "hami_trio_container_processes": (*CONTAINER, "state"),
+    "hami_trio_container_device_processes": DEVICE,
+    "hami_trio_container_core_limit_ratio": DEVICE,
+    "hami_trio_container_priority": CONTAINER,
+    "hami_trio_container_utilization_switch": CONTAINER,
+    "hami_trio_container_blocked_seconds_total": CONTAINER,
+    "hami_trio_container_blocks_total": CONTAINER,
+    "hami_trio_monitor_last_tick_timestamp_seconds": (),
+    "hami_trio_pod_info": ("namespace", "pod", "pod_uid", "node", "phase"),
+}
 
 
 @dataclass(frozen=True)
@@ -99,7 +121,10 @@ async def _scrape_running_agent(base: Path) -> str:
             "trainer-0",
             namespace="team-a",
             labels={"hami.io/vgpu-node": "node-a"},
-            annotations={"hami.io/vgpu-mig-allocations": json.dumps(mig)},
+            annotations={
+                "hami.io/vgpu-mig-allocations": json.dumps(mig),
+                "hami.io/vgpu-devices-allocated": f"{GPU},NVIDIA,8192,30:;",
+            },
         )
         directory = hook / "containers" / f"{uid}_main"
         directory.mkdir(parents=True)
@@ -174,6 +199,25 @@ REQUIRED = frozenset(
         "hami_trio_monitor_mig_paused",
         "hami_trio_pod_watch_synced",
         "hami_trio_pod_watch_relists_total",
+    }
+)
+
+# What the observability issue (14) asks the dashboard to show: allocated vs used, processes by
+# state, blocking, core limit vs utilisation, export states, the monitor's age, pod metadata.
+ISSUE_14 = frozenset(
+    {
+        "hami_trio_container_allocated_memory_bytes",
+        "hami_trio_container_allocated_cores_ratio",
+        "hami_trio_container_processes",
+        "hami_trio_container_device_processes",
+        "hami_trio_container_core_limit_ratio",
+        "hami_trio_container_priority",
+        "hami_trio_container_utilization_switch",
+        "hami_trio_container_blocked_seconds_total",
+        "hami_trio_container_blocks_total",
+        "hami_trio_monitor_containers",
+        "hami_trio_monitor_last_tick_timestamp_seconds",
+        "hami_trio_pod_info",
     }
 )
 
@@ -388,9 +432,15 @@ def test_every_metric_name_is_exported_by_the_agent(
         names = metric_names(expr)
         assert names, f"{where} selects no metric: {expr}"
         for name in names:
-            if name not in exported.samples:
+            if name not in exported.samples and name not in AWAITING_OBSERVABILITY:
                 unknown[name] = where
     assert unknown == {}
+
+
+def test_awaited_families_are_not_exported_yet(exported: Exported) -> None:
+    assert AWAITING_OBSERVABILITY.keys() <= ISSUE_14
+    landed = sorted(AWAITING_OBSERVABILITY.keys() & exported.samples)
+    assert landed == [], f"exported now: remove {landed} from AWAITING_OBSERVABILITY"
 
 
 def test_the_issue_7_panels_are_there(dashboard: dict[str, Any], exported: Exported) -> None:
@@ -398,6 +448,13 @@ def test_the_issue_7_panels_are_there(dashboard: dict[str, Any], exported: Expor
         base_name(n, exported) for _, expr in expressions(dashboard) for n in metric_names(expr)
     }
     assert used >= REQUIRED, f"missing: {sorted(REQUIRED - used)}"
+
+
+def test_the_issue_14_panels_are_there(dashboard: dict[str, Any], exported: Exported) -> None:
+    used = {
+        base_name(n, exported) for _, expr in expressions(dashboard) for n in metric_names(expr)
+    }
+    assert used >= ISSUE_14, f"missing: {sorted(ISSUE_14 - used)}"
 
 
 def test_every_selector_applies_the_node_and_pod_selection(
@@ -410,5 +467,8 @@ def test_every_selector_applies_the_node_and_pod_selection(
         for name in metric_names(expr):
             assert name in selectors, f"{where}: {name} has no label matchers"
             assert 'node=~"$node"' in selectors[name], f"{where}: {name} ignores $node"
-            if name in exported.pod_labelled and not where.startswith("variable"):
+            pod_labelled = name in exported.pod_labelled or "pod" in AWAITING_OBSERVABILITY.get(
+                name, ()
+            )
+            if pod_labelled and not where.startswith("variable"):
                 assert 'pod=~"$pod"' in selectors[name], f"{where}: {name} ignores $pod"

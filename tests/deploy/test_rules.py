@@ -35,6 +35,7 @@ ALERTS = frozenset(
         "HamiTrioBrokerPressure",
         "HamiTrioBrokerPeerErrors",
         "HamiTrioContainerNearMemoryLimit",
+        "HamiTrioContainerHostPidUnknown",
         "HamiTrioLockParentRefused",
         "HamiTrioMigLockDirUnsafe",
         "HamiTrioRemovalsFailing",
@@ -118,8 +119,10 @@ def test_every_alert_is_tested_firing_and_silent() -> None:
         ('outcome=~"rejected_full|timeout"', 'outcome=~"rejected_full"'),
         ("hami_trio_lock_parent_ok == 0", "hami_trio_lock_parent_ok == 2"),
         ("for: 5m", "for: 1m"),
+        ('processes{state="unknown"} > 0', 'processes{state!="running"} > 0'),
+        ("for: 10m", "for: 5m"),
     ],
-    ids=["memory", "mig-pause", "broker-timeout", "lock-parent", "for"],
+    ids=["memory", "mig-pause", "broker-timeout", "lock-parent", "for", "pid-state", "pid-for"],
 )
 def test_the_unit_tests_catch_a_changed_rule(tmp_path: Path, old: str, new: str) -> None:
     text = RULES.read_text()
