@@ -264,6 +264,7 @@ class _Agent:
         from hami_trio.metrics.collector import BuildInfoCollector, VGpuCollector
         from hami_trio.metrics.hostgpu import HostGpuSampler, serve_nvml_release
         from hami_trio.metrics.http import progress_check, serve_http
+        from hami_trio.metrics.pods import PodCollector
         from hami_trio.pods.watch import KubernetesPodSource, serve_pod_watch
 
         config = self.config
@@ -287,17 +288,25 @@ class _Agent:
         monitor = Monitor(config.monitor, pod_source=self.pod_source, registry=registry)
         self.monitor = monitor
         sampler = HostGpuSampler(nvml)
-        registry.register(
-            VGpuCollector(
-                monitor,
-                self.pod_source,
-                node_name=config.node_name,
-                kubernetes=config.kubernetes is not None,
-                all_pods=all_pods,
-                host=sampler,
-                legacy=config.legacy_metrics,
-            )
+        vgpu = VGpuCollector(
+            monitor,
+            self.pod_source,
+            node_name=config.node_name,
+            kubernetes=config.kubernetes is not None,
+            all_pods=all_pods,
+            host=sampler,
+            legacy=config.legacy_metrics,
         )
+        registry.register(vgpu)
+        if all_pods is not None:  # allocations and pod metadata come from Kubernetes
+            registry.register(
+                PodCollector(
+                    all_pods,
+                    node_name=config.node_name,
+                    label_allowlist=config.pod_labels_allowlist,
+                    report_failure=vgpu.report_failure,
+                )
+            )
         # A tick may take up to its deadline; three intervals without one is a stall.
         monitor_config = config.monitor
         stall = 3 * monitor_config.interval + (
