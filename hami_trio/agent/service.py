@@ -297,8 +297,9 @@ class _Agent:
             host=sampler,
             legacy=config.legacy_metrics,
         )
-        registry.register(vgpu)
         if all_pods is not None:  # allocations and pod metadata come from Kubernetes
+            # Registered first: a scrape collects in registration order, so the pod rows'
+            # failures are in the same scrape's hami_trio_collector_errors_total.
             registry.register(
                 PodCollector(
                     all_pods,
@@ -307,6 +308,7 @@ class _Agent:
                     report_failure=vgpu.report_failure,
                 )
             )
+        registry.register(vgpu)
         # A tick may take up to its deadline; three intervals without one is a stall.
         monitor_config = config.monitor
         stall = 3 * monitor_config.interval + (
