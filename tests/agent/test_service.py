@@ -484,11 +484,17 @@ async def test_pod_lifecycle_and_export_states_through_the_agent(
         batch = fake.add_pod("batch", labels=node | {"team": "a"}, annotations=allocation)
         serve = fake.add_pod("serve", labels=node | {"team": "b"}, annotations=allocation)
         idle = fake.add_pod("idle", labels=node, annotations=allocation)  # no directory
+        broken = fake.add_pod("broken", labels=node, containers=("main", "waiting"))
         dirs = {
             "batch": add_container(hook, batch),
             "serve": add_container(hook, serve),
             "stale": add_container(hook, serve, "renamed"),  # serve lists no such container
+            "rejected": hook / "containers" / f"{broken}_main",
+            "waiting": hook / "containers" / f"{broken}_waiting",  # no cuInit yet: no file
         }
+        dirs["rejected"].mkdir()
+        (dirs["rejected"] / "x.cache").write_bytes(b"\0" * 64)  # not HAMi-core's magic
+        dirs["waiting"].mkdir()
         kubeconfig = write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{fake.port}")
         config = config_for(
             hook,
@@ -527,8 +533,8 @@ async def test_pod_lifecycle_and_export_states_through_the_agent(
                     "paused": 0,
                     "no_pod": 1,  # the renamed container
                     "completed": 0,
-                    "rejected": 0,
-                    "no_cache_file": 0,
+                    "rejected": 1,
+                    "no_cache_file": 1,
                 }
                 assert pods_of(found, "hami_vgpu_memory_used_bytes") == {"batch", "serve"}
                 # Allocated before any use: the idle pod has no directory at all.
@@ -547,13 +553,14 @@ async def test_pod_lifecycle_and_export_states_through_the_agent(
                     ("batch", batch, "Running"),
                     ("serve", serve, "Running"),
                     ("idle", idle, "Running"),
+                    ("broken", broken, "Running"),
                 }
                 teams = {
                     (dict(labels)["pod"], dict(labels)["label_team"])
                     for name, labels in found
                     if name == "hami_trio_pod_labels"
                 }
-                assert teams == {("batch", "a"), ("serve", "b"), ("idle", "")}
+                assert teams == {("batch", "a"), ("serve", "b"), ("idle", ""), ("broken", "")}
                 last_tick = found[("hami_trio_monitor_last_tick_timestamp_seconds", frozenset())]
                 assert abs(last_tick - time.time()) < 30
 
@@ -577,7 +584,7 @@ async def test_pod_lifecycle_and_export_states_through_the_agent(
 
                 fake.delete_pod(batch)
                 found = await scraped(lambda _: not dirs["batch"].exists())
-                assert pods_of(found, "hami_trio_pod_info") == {"serve", "idle"}
+                assert pods_of(found, "hami_trio_pod_info") == {"serve", "idle", "broken"}
                 assert dirs["serve"].is_dir()
                 handle.request_stop()
         outer.cancel_scope.cancel()

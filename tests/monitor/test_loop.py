@@ -455,3 +455,25 @@ async def test_readiness_says_why_without_making_the_agent_unready(
         assert 'hami_trio_monitor_mig_lock_refusals_total{reason="owner"} 1.0' in text
         assert "hami_trio_monitor_mig_paused 0.0" in text
         handle.request_stop()
+
+
+async def test_each_completed_tick_is_stamped_with_the_wall_clock(hook: Path) -> None:
+    add(hook, "a_c")
+    registry = CollectorRegistry()
+    now = [1_800_000_000.0]
+    monitor = Monitor(
+        config(hook), pod_source=StaticPodSource(), registry=registry, wall_clock=lambda: now[0]
+    )
+    try:
+        assert monitor.last_tick_time is None
+        assert registry.get_sample_value("hami_trio_monitor_last_tick_timestamp_seconds") == 0
+        await monitor.tick()
+        now[0] += 7.5
+        await monitor.tick()
+    finally:
+        monitor.close()
+    assert monitor.last_tick_time == 1_800_000_007.5
+    assert (
+        registry.get_sample_value("hami_trio_monitor_last_tick_timestamp_seconds")
+        == 1_800_000_007.5
+    )
