@@ -227,6 +227,8 @@ async def pod_scrape_cost(monitor: object) -> Figures:
 
     assert isinstance(monitor, Monitor)
     pods: dict[str, PodInfo] = {}
+    # A tree from before PodInfo had a phase: the same pods without it.
+    phase = {"phase": "Running"} if "phase" in PodInfo.__dataclass_fields__ else {}
     for i, state in enumerate(monitor.containers().values()):
         gpus = [f"GPU-{(i + d) % GPUS_PER_NODE:08d}-bench" for d in range(DEVICES)]
         pods[state.pod_uid] = PodInfo(
@@ -239,7 +241,7 @@ async def pod_scrape_cost(monitor: object) -> Figures:
                 "hami.io/vgpu-devices-allocated": "".join(f"{g},NVIDIA,8192,50:" for g in gpus)
                 + ";"
             },
-            phase="Running",
+            **phase,  # type: ignore[arg-type]
         )
     source = StaticPodSource(pods.values())
 
