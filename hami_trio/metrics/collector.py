@@ -5,9 +5,14 @@ How this works: :class:`VGpuCollector` is registered into the agent's registry; 
 tick (immutable snapshots, never a ``.cache`` file), the pod source (pod names and, with
 Kubernetes, the MIG allocation annotations) and the NVML sampler, and renders HAMi
 vGPUmonitor's families with their names, help texts and labels through the fast renderer of
-:mod:`hami_trio.metrics.exposition`.  Tenant data never fails a scrape: a failure costs only
-its own container's rows (``container``), pod's MIG rows (``mig``), this scrape's MIG rows
-(``pods``) or host families (``host``), counted in ``hami_trio_collector_errors_total{phase}``
+:mod:`hami_trio.metrics.exposition`.  Which containers are exported is decided per directory
+by the pure :func:`~hami_trio.metrics.exportstate.export_state` (pod known and labelled for
+this node, container listed, pod not completed, file loaded), and every directory is counted
+by its state in ``hami_trio_monitor_containers{state}``.  Tenant data never fails a scrape: a
+failure costs only its own container's rows (``container``), pod's MIG rows (``mig``), this
+scrape's MIG rows (``pods``) or host families (``host``) - and, through
+:meth:`VGpuCollector.report_failure`, the pod collector's allocation rows (``allocated``) -
+counted in ``hami_trio_collector_errors_total{phase}``
 and logged at most once per :data:`WARNING_INTERVAL` per pod or container.  The collector
 depends only on the read-only view protocols below.  Every family and label: docs/metrics.md.
 """
