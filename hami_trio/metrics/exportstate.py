@@ -27,8 +27,7 @@ The rules and the metrics: docs/metrics.md (Why a container is or is not exporte
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final, Literal, Protocol, get_args
+from typing import Final, Literal, NamedTuple, Protocol, get_args
 
 from hami_trio.pods.source import PodInfo
 
@@ -90,9 +89,9 @@ class ExportView(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class ExportDecision:
-    """The outcome of :func:`export_state`.
+class ExportDecision(NamedTuple):
+    """The outcome of :func:`export_state` (a named tuple: one is made per container per
+    scrape, and a tuple is the cheapest immutable value to make).
 
     Attributes:
         state: one of :data:`EXPORT_STATES`.

@@ -13,7 +13,8 @@ watches Kubernetes.  Each scrape reads the pod source's pods on this node (label
   ``--pod-labels-allowlist`` (:func:`label_names` sanitises them).
 
 A pod's rows are rendered once and reused while the pod object is unchanged (the watch
-replaces it on every change); its annotation is decoded only when its text changed.  A
+replaces it on every change), all rows while the pod snapshot is the same object; a pod's
+annotation is decoded only when its text changed.  A
 malformed annotation costs that pod's allocation rows only: counted once per value in
 ``hami_trio_collector_errors_total{phase="allocated"}`` and one rate-limited warning naming
 the pod.  Every family and label: docs/metrics.md.
@@ -154,7 +155,9 @@ class PodCollector(Collector):
     """Allocation, pod info and pod label families (see the module docstring).
 
     Args:
-        all_pods: the pod source's pods by UID (the Kubernetes watch's ``pods``).
+        all_pods: the pod source's pods by UID (the Kubernetes watch's ``pods``): an
+            immutable snapshot, a new object after every change (the rows of the same
+            object are reused as they are).
         node_name: this node: only pods labelled ``hami.io/vgpu-node=<node_name>`` count,
             and the ``node`` label of ``hami_trio_pod_info``.
         label_allowlist: the pod label keys for ``hami_trio_pod_labels`` (empty: no family).
@@ -181,6 +184,8 @@ class PodCollector(Collector):
         self._rows: dict[str, _PodRows] = {}
         # Decoded allocations by pod UID: (raw value, named devices or None when invalid).
         self._decoded: dict[str, tuple[str, tuple[ContainerAllocation, ...] | None]] = {}
+        # The last snapshot of pods and the rows of each family it gave.
+        self._last: tuple[Mapping[str, PodInfo], list[list[_Row]]] | None = None
         # Scrapes may run in two threads at once; this collector's work is small: one at a time.
         self._lock = threading.Lock()
 
@@ -237,6 +242,13 @@ class PodCollector(Collector):
                 exc,
             )
             return []
+        last = self._last
+        if last is not None and last[0] is pods:
+            # The same snapshot as last scrape: the same rows (nothing failed then).
+            for family, cached_rows in zip(families, last[1], strict=False):
+                family._rows = list(cached_rows)
+            return [family for family in families if len(family)]
+        failed = False
         rows: dict[str, _PodRows] = {}
         previous = self._rows
         for uid, pod in list(pods.items()):
@@ -255,6 +267,7 @@ class PodCollector(Collector):
                         type(exc).__name__,
                         exc,
                     )
+                    failed = True
                     continue
             rows[uid] = cached
             info.add(*cached.info)
@@ -266,6 +279,7 @@ class PodCollector(Collector):
                 cores.add(*row)
         self._rows = rows
         self._decoded = {uid: value for uid, value in self._decoded.items() if uid in rows}
+        self._last = None if failed else (pods, [list(family._rows) for family in families])
         return [family for family in families if len(family)]
 
     def _failed(self, phase: str, key: Hashable, msg: str, *args: object) -> None:

@@ -134,24 +134,27 @@ def test_decoding_and_rendering_happen_once_per_pod_value(
         return real(raw)
 
     monkeypatch.setattr(pods_module, "decode_allocated", counting)
-    pods = {"u1": pod("u1"), "u2": pod("u2")}
-    collector = PodCollector(lambda: pods, node_name="node-a")
+    # Like the watch's: a new immutable snapshot after every change.
+    snapshot = {"u1": pod("u1"), "u2": pod("u2")}
+    collector = PodCollector(lambda: snapshot, node_name="node-a")
     for _ in range(3):
         assert len(rows(collector, "hami_trio_container_allocated_memory_bytes")) == 2
     assert len(calls) == 2
     # A change of anything but the annotation renders the pod again without decoding it.
-    pods["u1"] = pod("u1", labels={NODE_LABEL: "node-a", "team": "x"})
+    snapshot = snapshot | {"u1": pod("u1", labels={NODE_LABEL: "node-a", "team": "x"})}
     rows(collector, "hami_trio_pod_info")
     assert len(calls) == 2
-    pods["u1"] = pod("u1", annotations={ALLOCATED_ANNOTATION: f"{GPU_B},NVIDIA,1,1:;"})
+    snapshot = snapshot | {
+        "u1": pod("u1", annotations={ALLOCATED_ANNOTATION: f"{GPU_B},NVIDIA,1,1:;"})
+    }
     memory = rows(collector, "hami_trio_container_allocated_memory_bytes")
     assert sorted((labels["pod"], labels["device_uuid"], v) for labels, v in memory) == [
         ("pod-u1", GPU_B, 1 * MIB),
         ("pod-u2", GPU_A, 1024 * MIB),
     ]
     assert len(calls) == 3
-    del pods["u2"]
-    rows(collector, "hami_trio_pod_info")
+    snapshot = {"u1": snapshot["u1"]}
+    assert len(rows(collector, "hami_trio_pod_info")) == 1
     assert set(collector._decoded) == {"u1"}  # forgotten with the pod: bounded
 
 
