@@ -140,6 +140,21 @@ def _cut(value: str) -> str:
 _Row = tuple[tuple[str, ...], str, int]
 
 
+class _Family(FastGauge):
+    """A :class:`FastGauge` that renders its text once: the collector hands the same family
+    object to every scrape of the same pod snapshot, and nothing changes it after that."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
+        super().__init__(name, documentation, labelnames)
+        self._text: str | None = None
+
+    def exposition(self) -> str:
+        text = self._text
+        if text is None:
+            text = self._text = super().exposition()
+        return text
+
+
 @dataclass(frozen=True, slots=True)
 class _PodRows:
     """One pod's rendered rows (reused while the pod object is the same)."""
@@ -185,24 +200,24 @@ class PodCollector(Collector):
         # Decoded allocations by pod UID: (raw value, named devices or None when invalid).
         self._decoded: dict[str, tuple[str, tuple[ContainerAllocation, ...] | None]] = {}
         # The last snapshot of pods and the rows of each family it gave.
-        self._last: tuple[Mapping[str, PodInfo], list[list[_Row]]] | None = None
+        self._last: tuple[Mapping[str, PodInfo], list[Metric]] | None = None
         # Scrapes may run in two threads at once; this collector's work is small: one at a time.
         self._lock = threading.Lock()
 
     def _families(self) -> list[FastGauge]:
-        families = [
-            FastGauge(
+        families: list[FastGauge] = [
+            _Family(
                 "hami_trio_container_allocated_memory_bytes",
                 "Device memory HAMi's scheduler allocated to the container (its limit), bytes",
                 _CONTAINER,
             ),
-            FastGauge(
+            _Family(
                 "hami_trio_container_allocated_cores_ratio",
                 "Share of the device's cores HAMi's scheduler allocated to the container, in "
                 "percent (0-100; 0: no core limit)",
                 _CONTAINER,
             ),
-            FastGauge(
+            _Family(
                 "hami_trio_pod_info",
                 "1 for every vGPU pod on this node, with its UID and phase",
                 ("namespace", "pod", "pod_uid", "node", "phase"),
@@ -210,7 +225,7 @@ class PodCollector(Collector):
         ]
         if self._label_keys:
             families.append(
-                FastGauge(
+                _Family(
                     "hami_trio_pod_labels",
                     "1 for every vGPU pod on this node, with the labels of --pod-labels-allowlist",
                     self._label_names,
@@ -244,10 +259,9 @@ class PodCollector(Collector):
             return []
         last = self._last
         if last is not None and last[0] is pods:
-            # The same snapshot as last scrape: the same rows (nothing failed then).
-            for family, cached_rows in zip(families, last[1], strict=False):
-                family._rows = list(cached_rows)
-            return [family for family in families if len(family)]
+            # The same snapshot as last scrape (nothing failed then): the same families,
+            # rendered once.
+            return list(last[1])
         failed = False
         rows: dict[str, _PodRows] = {}
         previous = self._rows
@@ -279,8 +293,9 @@ class PodCollector(Collector):
                 cores.add(*row)
         self._rows = rows
         self._decoded = {uid: value for uid, value in self._decoded.items() if uid in rows}
-        self._last = None if failed else (pods, [list(family._rows) for family in families])
-        return [family for family in families if len(family)]
+        exported: list[Metric] = [family for family in families if len(family)]
+        self._last = None if failed else (pods, exported)
+        return exported
 
     def _failed(self, phase: str, key: Hashable, msg: str, *args: object) -> None:
         if self._report is not None:

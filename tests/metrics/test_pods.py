@@ -140,6 +140,9 @@ def test_decoding_and_rendering_happen_once_per_pod_value(
     for _ in range(3):
         assert len(rows(collector, "hami_trio_container_allocated_memory_bytes")) == 2
     assert len(calls) == 2
+    # The same snapshot: the very same families (each renders its text once).
+    first = collector.collect()
+    assert [id(f) for f in collector.collect()] == [id(f) for f in first]
     # A change of anything but the annotation renders the pod again without decoding it.
     snapshot = snapshot | {"u1": pod("u1", labels={NODE_LABEL: "node-a", "team": "x"})}
     rows(collector, "hami_trio_pod_info")
