@@ -34,6 +34,7 @@ from hami_trio.pods.access import KubeAccess
 from hami_trio.pods.allocated import ALLOCATED_ANNOTATION
 from hami_trio.pods.source import PodInfo
 from hami_trio.pods.watch import KubernetesPodSource, serve_pod_watch
+from tests.metrics.promtool import lint, require_promtool
 from tests.metrics.test_scrape import NOW, add_container, fixture_spec, get, series
 from tests.pods.fake_kube import FakeKubeApi
 from tests.pods.test_watch import FAST, write_kubeconfig
@@ -387,3 +388,29 @@ async def test_a_malformed_annotation_costs_that_pod_once_over_http(
     assert len(warnings) == 1, warnings
     assert ALLOCATED_ANNOTATION in warnings[0]
     assert "memory 'lots' is not an integer" in warnings[0]
+
+
+async def test_pod_families_pass_promtool(
+    nursery: trio.Nursery, hook: Path, tmp_path: Path
+) -> None:
+    promtool = require_promtool()
+    fake = FakeKubeApi()
+    await nursery.start(fake.serve)
+    fake.add_pod(
+        "trainer-0",
+        labels={NODE_LABEL: "node-a", "team": "vision"},
+        annotations={ALLOCATED_ANNOTATION: f"{GPU_A},NVIDIA,2048,10:;"},
+    )
+    source = await watch(nursery, fake, tmp_path)
+    port = await serve_stack(nursery, hook, source, ("team",))
+    _, text = await get(port)
+    for name in (
+        "hami_trio_container_allocated_memory_bytes",
+        "hami_trio_container_allocated_cores_ratio",
+        "hami_trio_pod_info",
+        "hami_trio_pod_labels",
+        "hami_trio_monitor_containers",
+        "hami_trio_monitor_last_tick_timestamp_seconds",
+    ):
+        assert f"\n{name}" in text, name
+    assert await trio.to_thread.run_sync(lint, text, promtool) == set()
