@@ -16,6 +16,9 @@ node where every container launches kernels; the change is made outside the time
 section).  Targets (issue 5): at N=1000 a tick <= 25 ms and RSS <= 150 MB; the tick at
 N=2000 <= 2.2x the tick at N=1000.
 
+The pod measurement (``pod_scrape_cost``) scrapes with Kubernetes' pod matching, every pod
+carrying labels, a phase and an allocation annotation, with and without the pod collector.
+
 Extension point: the metrics work adds scrape latency by appending, in this file, an async
 callable to :data:`MEASUREMENTS` (the child process re-imports this file); each receives the
 warmed-up ``Monitor`` and returns extra figures, printed under the tick figures.
@@ -200,6 +203,106 @@ async def scrape_latency(monitor: object) -> Figures:
 
 
 MEASUREMENTS.append(scrape_latency)
+
+
+async def pod_scrape_cost(monitor: object) -> Figures:
+    """The scrape with Kubernetes' pod matching, and what the pod collector adds to it.
+
+    Every container's pod carries the node label, two team/app labels, phase Running and a
+    two-device ``hami.io/vgpu-devices-allocated`` annotation (the pod collector's work per
+    pod); the vGPU collector matches pods as with Kubernetes.  ``k8s_render_ms`` is the
+    vGPU collector alone, ``k8s_pods_render_ms`` the same registry plus the pod collector
+    (absent where the tree has none, e.g. before it existed).
+    """
+    import urllib.request
+
+    import trio
+    from prometheus_client import CollectorRegistry
+
+    from hami_trio.goparse import BindAddress
+    from hami_trio.metrics.collector import VGpuCollector
+    from hami_trio.metrics.http import render_metrics, serve_http
+    from hami_trio.monitor.loop import Monitor
+    from hami_trio.pods.source import PodInfo, StaticPodSource
+
+    assert isinstance(monitor, Monitor)
+    pods: dict[str, PodInfo] = {}
+    # A tree from before PodInfo had a phase: the same pods without it.
+    phase = {"phase": "Running"} if "phase" in PodInfo.__dataclass_fields__ else {}
+    for i, state in enumerate(monitor.containers().values()):
+        gpus = [f"GPU-{(i + d) % GPUS_PER_NODE:08d}-bench" for d in range(DEVICES)]
+        pods[state.pod_uid] = PodInfo(
+            uid=state.pod_uid,
+            namespace="bench",
+            name=f"pod-{i}",
+            containers=("main",),
+            labels={"hami.io/vgpu-node": "bench", "team": f"t{i % 7}", "app": "train"},
+            annotations={
+                "hami.io/vgpu-devices-allocated": "".join(f"{g},NVIDIA,8192,50:" for g in gpus)
+                + ";"
+            },
+            **phase,  # type: ignore[arg-type]
+        )
+    source = StaticPodSource(pods.values())
+
+    def median_ms(render: Callable[[], object], times: int = 11) -> float:
+        samples = []
+        for _ in range(times):
+            start = time.perf_counter()
+            render()
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples) * 1e3
+
+    def cpu_ms(render: Callable[[], object], times: int = 21) -> float:
+        """The least CPU time of ``times`` renders: what the work costs, without the other
+        load of a shared machine (which only ever adds)."""
+        samples = []
+        for _ in range(times):
+            start = time.process_time()
+            render()
+            samples.append(time.process_time() - start)
+        return min(samples) * 1e3
+
+    registry = CollectorRegistry()
+    vgpu = VGpuCollector(monitor, source, node_name="bench", kubernetes=True, all_pods=lambda: pods)
+    figures: Figures = {}
+    try:
+        from hami_trio.metrics.pods import PodCollector
+    except ImportError:  # a tree without the pod collector: the baseline
+        registry.register(vgpu)
+        figures["k8s_render_ms"] = median_ms(lambda: render_metrics(registry, "", []))
+        figures["k8s_render_cpu_min_ms"] = cpu_ms(lambda: render_metrics(registry, "", []))
+        return figures
+    collector = PodCollector(lambda: pods, node_name="bench", label_allowlist=("team", "app"))
+    start = time.perf_counter()
+    collector.collect()  # decodes every annotation, renders every pod's rows
+    figures["pod_collector_cold_ms"] = (time.perf_counter() - start) * 1e3
+    figures["pod_collector_ms"] = median_ms(collector.collect)
+    figures["pod_collector_cpu_min_ms"] = cpu_ms(collector.collect)
+    registry.register(vgpu)
+    figures["k8s_render_ms"] = median_ms(lambda: render_metrics(registry, "", []))
+    figures["k8s_render_cpu_min_ms"] = cpu_ms(lambda: render_metrics(registry, "", []))
+    registry.register(collector)
+    figures["k8s_pods_render_ms"] = median_ms(lambda: render_metrics(registry, "", []))
+    figures["k8s_pods_render_cpu_min_ms"] = cpu_ms(lambda: render_metrics(registry, "", []))
+
+    def fetch(url: str) -> float:
+        start = time.perf_counter()
+        with urllib.request.urlopen(url, timeout=60) as reply:
+            reply.read()
+        return time.perf_counter() - start
+
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(serve_http, BindAddress("127.0.0.1", 0), registry)
+        url = f"http://127.0.0.1:{bound.port}/metrics"
+        await trio.to_thread.run_sync(fetch, url)
+        latencies = [await trio.to_thread.run_sync(fetch, url) for _ in range(SCRAPES)]
+        figures["k8s_pods_scrape_median_ms"] = statistics.median(latencies) * 1e3
+        nursery.cancel_scope.cancel()
+    return figures
+
+
+MEASUREMENTS.append(pod_scrape_cost)
 
 
 def child(hook: Path, n: int, ticks: int, mode: str) -> Figures:

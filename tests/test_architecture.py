@@ -64,6 +64,15 @@ SEAMS: Mapping[tuple[str, str], str] = {
     ("hami_trio.metrics.collector", "hami_trio.pods.migalloc"): (
         "MIG rows come from the pods' allocation annotation, decoded by the pure decoder"
     ),
+    ("hami_trio.metrics.exportstate", "hami_trio.pods.source"): (
+        "whether a container is exported depends on its pod (PodInfo: labels, containers, phase)"
+    ),
+    ("hami_trio.metrics.pods", "hami_trio.pods.source"): (
+        "the pod collector renders the PodSource's pods (info, labels, allocations)"
+    ),
+    ("hami_trio.metrics.pods", "hami_trio.pods.allocated"): (
+        "allocation rows come from HAMi's vgpu-devices-allocated annotation, decoded purely"
+    ),
 }
 
 #: What the demo may import besides base rooms, the agent and testing, with the reason.
@@ -88,6 +97,8 @@ PURE_CORES = frozenset(
         "hami_trio.pods.access",
         "hami_trio.pods.decode",
         "hami_trio.pods.migalloc",
+        "hami_trio.pods.allocated",
+        "hami_trio.metrics.exportstate",
     }
 )
 

@@ -437,9 +437,12 @@ def build() -> db.Dashboard:
             ),
             series_panel(
                 19,
-                "Containers tracked",
-                "Containers with a loaded .cache file.",
-                [(f"hami_trio_monitor_containers{N}", "{{node}}")],
+                "Containers by export state",
+                "Container directories by export state: exported, paused (MIG lock; frozen "
+                "values), no_pod (pod unknown, not labelled for this node, or no such "
+                "container), completed (pod Succeeded/Failed, or an init container), "
+                "rejected (file refused), no_cache_file (no cuInit yet).",
+                [(f"sum by (node, state) (hami_trio_monitor_containers{N})", "{{node}} {{state}}")],
             ),
             series_panel(
                 20,

@@ -14,6 +14,7 @@ __all__ = ["all_targets"]
 def all_targets() -> list[Target]:
     """Every target (imported on demand: a target's module may start nothing at import)."""
     from fuzz.targets import (
+        allocated,
         allocation,
         broker,
         client,
@@ -33,6 +34,7 @@ def all_targets() -> list[Target]:
         layout.TARGET,
         observe.TARGET,
         migalloc.TARGET,
+        allocated.TARGET,
         pods.TARGET,
         remover.TARGET,
     ]

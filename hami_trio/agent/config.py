@@ -38,6 +38,7 @@ from hami_trio.goparse import (
 )
 from hami_trio.logs import LogFormat
 from hami_trio.metrics.http import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT, HttpLimits
+from hami_trio.metrics.pods import parse_label_allowlist
 from hami_trio.monitor.loop import (
     DEFAULT_INTERVAL,
     DEFAULT_MIG_LOCK_PATH,
@@ -186,6 +187,14 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         None,
     ),
     Setting(
+        "pod_labels_allowlist",
+        "--pod-labels-allowlist",
+        "HAMI_TRIO_POD_LABELS_ALLOWLIST",
+        "comma-separated pod label keys exported as label_<key> on hami_trio_pod_labels, for "
+        "joins (e.g. team,app; at most 32; default none)",
+        "KEYS",
+    ),
+    Setting(
         "broker_socket_path",
         "--broker-socket-path",
         "HAMI_TRIO_BROKER_SOCKET_PATH",
@@ -260,6 +269,7 @@ class AgentConfig:
         metrics_bind: where ``/metrics``, ``/healthz`` and ``/readyz`` listen.
         http_limits: what one client of that port may cost (connections, deadlines).
         legacy_metrics: also export HAMi's legacy names.
+        pod_labels_allowlist: pod label keys exported on ``hami_trio_pod_labels``.
         broker: the broker's settings; None when it is off (``LIBVGPU_HOSTPID_BROKER`` is not
             exactly ``1``).
         shutdown_timeout: seconds the graceful drain may take.
@@ -278,6 +288,7 @@ class AgentConfig:
     )
     http_limits: HttpLimits = field(default_factory=HttpLimits)
     legacy_metrics: bool = False
+    pod_labels_allowlist: tuple[str, ...] = ()
     broker: BrokerConfig | None = None
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
     log_format: LogFormat = "text"
@@ -322,6 +333,7 @@ class AgentConfig:
             "metrics_max_connections": self.http_limits.max_connections,
             "metrics_request_timeout_seconds": self.http_limits.request_timeout,
             "legacy_metrics": self.legacy_metrics,
+            "pod_labels_allowlist": list(self.pod_labels_allowlist),
             "broker": broker,
             "shutdown_timeout_seconds": self.shutdown_timeout,
             "log_format": self.log_format,
@@ -528,6 +540,11 @@ def resolve_config(
         ),
     )
     legacy = reader.flag("legacy_metrics")
+    allowlist_text, allowlist_origin = reader.text("pod_labels_allowlist")
+    try:
+        allowlist = parse_label_allowlist(allowlist_text or "", name=allowlist_origin)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     broker = _broker(reader, env, warnings) if with_broker else None
 
     timeout_text, timeout_origin = reader.text("shutdown_timeout")
@@ -572,6 +589,7 @@ def resolve_config(
         metrics_bind=bind,
         http_limits=http_limits,
         legacy_metrics=legacy,
+        pod_labels_allowlist=allowlist,
         broker=broker,
         shutdown_timeout=shutdown_timeout,
         log_format=log_format,

@@ -263,6 +263,7 @@ class _Agent:
         from hami_trio.metrics.collector import BuildInfoCollector, VGpuCollector
         from hami_trio.metrics.hostgpu import HostGpuSampler, serve_nvml_release
         from hami_trio.metrics.http import progress_check, serve_http
+        from hami_trio.metrics.pods import PodCollector
 
         config = self.config
         registry = self.registry
@@ -289,17 +290,27 @@ class _Agent:
         monitor = Monitor(config.monitor, pod_source=self.pod_source, registry=registry)
         self.monitor = monitor
         sampler = HostGpuSampler(nvml)
-        registry.register(
-            VGpuCollector(
-                monitor,
-                self.pod_source,
-                node_name=config.node_name,
-                kubernetes=config.kubernetes is not None,
-                all_pods=all_pods,
-                host=sampler,
-                legacy=config.legacy_metrics,
-            )
+        vgpu = VGpuCollector(
+            monitor,
+            self.pod_source,
+            node_name=config.node_name,
+            kubernetes=config.kubernetes is not None,
+            all_pods=all_pods,
+            host=sampler,
+            legacy=config.legacy_metrics,
         )
+        if all_pods is not None:  # allocations and pod metadata come from Kubernetes
+            # Registered first: a scrape collects in registration order, so the pod rows'
+            # failures are in the same scrape's hami_trio_collector_errors_total.
+            registry.register(
+                PodCollector(
+                    all_pods,
+                    node_name=config.node_name,
+                    label_allowlist=config.pod_labels_allowlist,
+                    report_failure=vgpu.report_failure,
+                )
+            )
+        registry.register(vgpu)
         # A tick may take up to its deadline; three intervals without one is a stall.
         monitor_config = config.monitor
         stall = 3 * monitor_config.interval + (

@@ -5,9 +5,14 @@ How this works: :class:`VGpuCollector` is registered into the agent's registry; 
 tick (immutable snapshots, never a ``.cache`` file), the pod source (pod names and, with
 Kubernetes, the MIG allocation annotations) and the NVML sampler, and renders HAMi
 vGPUmonitor's families with their names, help texts and labels through the fast renderer of
-:mod:`hami_trio.metrics.exposition`.  Tenant data never fails a scrape: a failure costs only
-its own container's rows (``container``), pod's MIG rows (``mig``), this scrape's MIG rows
-(``pods``) or host families (``host``), counted in ``hami_trio_collector_errors_total{phase}``
+:mod:`hami_trio.metrics.exposition`.  Which containers are exported is decided per directory
+by the pure :func:`~hami_trio.metrics.exportstate.export_state` (pod known and labelled for
+this node, container listed, pod not completed, file loaded), and every directory is counted
+by its state in ``hami_trio_monitor_containers{state}``.  Tenant data never fails a scrape: a
+failure costs only its own container's rows (``container``), pod's MIG rows (``mig``), this
+scrape's MIG rows (``pods``) or host families (``host``) - and, through
+:meth:`VGpuCollector.report_failure`, the pod collector's allocation rows (``allocated``) -
+counted in ``hami_trio_collector_errors_total{phase}``
 and logged at most once per :data:`WARNING_INTERVAL` per pod or container.  The collector
 depends only on the read-only view protocols below.  Every family and label: docs/metrics.md.
 """
@@ -27,6 +32,13 @@ from prometheus_client.registry import Collector
 
 from hami_trio._version import __version__
 from hami_trio.logs import RateLimiter
+from hami_trio.metrics.exportstate import (
+    EXPORT_STATES,
+    NODE_LABEL,
+    ExportState,
+    RejectionView,
+    export_state,
+)
 from hami_trio.metrics.exposition import FastGauge, render_labels
 from hami_trio.metrics.hostgpu import HostGpuSampler, host_gpu_families
 from hami_trio.pods.migalloc import (
@@ -53,13 +65,11 @@ __all__ = [
 
 _log = logging.getLogger("hami_trio.monitor.metrics")  # the name in the logs (kept across moves)
 
-#: The pod label HAMi's scheduler sets to the node a pod was assigned to.
-NODE_LABEL: Final = "hami.io/vgpu-node"
 #: Upstream's collector-wide ``zone`` label value.
 ZONE: Final = "vGPU"
 
 #: The ``phase`` label values of ``hami_trio_collector_errors_total`` (a fixed set).
-COLLECTOR_ERROR_PHASES: Final = ("container", "mig", "pods", "host")
+COLLECTOR_ERROR_PHASES: Final = ("container", "mig", "pods", "host", "allocated")
 #: Seconds between two warnings about the same pod or container (the rest are counted).
 WARNING_INTERVAL: Final = 600.0
 
@@ -121,6 +131,8 @@ class ContainerView(Protocol):
     def container_name(self) -> str: ...
     @property
     def snapshot(self) -> SnapshotView | None: ...
+    @property
+    def rejection(self) -> RejectionView | None: ...
 
 
 class MonitorView(Protocol):
@@ -372,12 +384,19 @@ class VGpuCollector(Collector):
         self._labels = _LabelCache()
         self._errors = dict.fromkeys(COLLECTOR_ERROR_PHASES, 0)
         self._errors_lock = threading.Lock()
+        self._states: dict[ExportState, int] = dict.fromkeys(EXPORT_STATES, 0)
 
     def describe(self) -> list[Metric]:
         """The families this collector can export (lets the registry reject duplicates)."""
         families = _Families(self._legacy, _LabelCache())
         host = host_gpu_families((), "", legacy=self._legacy, const_labels=[("zone", ZONE)])
-        return [*host, *families.upstream(), families.blocked, self._error_family()]
+        return [
+            *host,
+            *families.upstream(),
+            families.blocked,
+            self._error_family(),
+            self._state_family(),
+        ]
 
     def collect(self) -> list[Metric]:
         """Build every family from the latest snapshots (called by the registry per scrape)."""
@@ -388,7 +407,12 @@ class VGpuCollector(Collector):
         host = self._collect_host()
         fast = [family for family in (*families.upstream(), families.blocked) if len(family)]
         # Like Go's registry, a family without samples is not exposed at all.
-        return [*(family for family in host if family.samples), *fast, self._error_family()]
+        return [
+            *(family for family in host if family.samples),
+            *fast,
+            self._error_family(),
+            self._state_family(),
+        ]
 
     def errors(self) -> dict[str, int]:
         """``hami_trio_collector_errors_total`` by phase (a copy)."""
@@ -405,28 +429,46 @@ class VGpuCollector(Collector):
             family.add_metric((phase,), count)
         return family
 
-    def _failed(self, phase: str, key: Hashable, msg: str, *args: object) -> None:
-        """Count one dropped part and warn (rate-limited per ``key``)."""
+    def states(self) -> dict[ExportState, int]:
+        """Container directories by export state as of the latest scrape (a copy)."""
+        return dict(self._states)
+
+    def _state_family(self) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(
+            "hami_trio_monitor_containers",
+            "Container directories of the latest tick by export state, as of this scrape",
+            labels=("state",),
+        )
+        for state, count in self._states.items():
+            family.add_metric((state,), count)
+        return family
+
+    def report_failure(self, phase: str, key: Hashable, msg: str, *args: object) -> None:
+        """Count one dropped part of a scrape in ``hami_trio_collector_errors_total{phase}``
+        and warn (rate-limited per ``key``); other collectors of the agent use it too."""
         with self._errors_lock:
             self._errors[phase] += 1
         self._warnings.log(_log, logging.WARNING, key, msg, *args)
 
-    def _pod_for(self, container: ContainerView) -> PodInfo | None:
-        pod = self._pods.lookup(container.pod_uid)
-        if pod is None or not self._kubernetes:
-            return pod
-        if pod.labels.get(NODE_LABEL) != self._node:
-            return None
-        if container.container_name not in pod.containers:
-            return None
-        return pod
+    _failed = report_failure
 
     def _collect_containers(self, families: _Families) -> None:
         now = int(self._clock())
+        paused = self._monitor.paused
+        states: dict[ExportState, int] = dict.fromkeys(EXPORT_STATES, 0)
         for container in list(self._monitor.containers().values()):
             checkpoint = families.checkpoint()
             try:
-                self._collect_container(families, container, now)
+                decision = export_state(
+                    container,
+                    self._pods.lookup(container.pod_uid),
+                    node_name=self._node,
+                    kubernetes=self._kubernetes,
+                    paused=paused,
+                )
+                states[decision.state] += 1
+                if decision.pod is not None and decision.exported:
+                    self._collect_container(families, container, decision.pod, now)
             except Exception as exc:
                 families.rollback(checkpoint)
                 self._failed(
@@ -438,13 +480,13 @@ class VGpuCollector(Collector):
                     type(exc).__name__,
                     exc,
                 )
+        self._states = states
 
-    def _collect_container(self, families: _Families, container: ContainerView, now: int) -> None:
+    def _collect_container(
+        self, families: _Families, container: ContainerView, pod: PodInfo, now: int
+    ) -> None:
         snapshot = container.snapshot
         if snapshot is None:
-            return
-        pod = self._pod_for(container)
-        if pod is None:
             return
         name = container.container_name
         owner = (pod.namespace, pod.name, name)

@@ -298,9 +298,9 @@ class _SelfMetrics:
             buckets=_TICK_BUCKETS,
             registry=registry,
         )
-        self.containers = Gauge(
-            "hami_trio_monitor_containers",
-            "Containers whose .cache file loaded in the latest tick.",
+        self.last_tick = Gauge(
+            "hami_trio_monitor_last_tick_timestamp_seconds",
+            "Unix time at which the latest monitor tick completed (0 before the first).",
             registry=registry,
         )
         self.rejected = Counter(
@@ -443,6 +443,8 @@ class Monitor:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._config = config
+        self._wall_clock = wall_clock
+        self._last_tick_time: float | None = None
         self._metrics = _SelfMetrics(registry if registry is not None else CollectorRegistry())
         self._lister = ContainerLister(
             config.containers_dir,
@@ -494,6 +496,11 @@ class Monitor:
     def ticks(self) -> int:
         """Ticks completed since start."""
         return self._ticks
+
+    @property
+    def last_tick_time(self) -> float | None:
+        """Unix time at which the latest tick completed (None before the first)."""
+        return self._last_tick_time
 
     # -- control --------------------------------------------------------------------------
 
@@ -563,12 +570,13 @@ class Monitor:
         snapshots: dict[ContainerKey, UsageSnapshot] = {
             key: state.snapshot for key, state in view.items() if state.snapshot is not None
         }
-        self._metrics.containers.set(len(snapshots))
         writes = observe(snapshots)
         written = 0
         if writes and not self._lock_present():
             written = self._lister.apply(writes)
         self._ticks += 1
+        self._last_tick_time = self._wall_clock()
+        self._metrics.last_tick.set(self._last_tick_time)
         self._metrics.tick.observe(time.perf_counter() - started)
         return written
 

@@ -16,6 +16,7 @@ from typing import Any, Final, Literal, cast
 from hami_trio.pods.source import PodInfo
 
 __all__ = [
+    "MAX_PHASE_CHARS",
     "EventType",
     "WatchDecodeError",
     "WatchEvent",
@@ -53,6 +54,8 @@ class WatchEvent:
 
 
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
+#: The longest ``status.phase`` kept (Kubernetes' phases are at most 9 characters).
+MAX_PHASE_CHARS: Final = 32
 
 
 def _text(value: str) -> str:
@@ -111,11 +114,12 @@ def pod_info_from_object(
             memory.
 
     Returns:
-        The pod's UID, namespace, name, container and init container names, annotations and
-        labels.  Malformed entries (a container without a string name, a non-string label) are
-        left out; a field of the wrong type reads as empty; lone surrogates in any string
-        become U+FFFD (see :func:`_text`).  Only a missing UID fails: without it the pod
-        cannot be named, and no container directory can belong to it.
+        The pod's UID, namespace, name, container and init container names, annotations,
+        labels and ``status.phase`` (cut to :data:`MAX_PHASE_CHARS`).  Malformed entries (a
+        container without a string name, a non-string label) are left out; a field of the
+        wrong type reads as empty; lone surrogates in any string become U+FFFD (see
+        :func:`_text`).  Only a missing UID fails: without it the pod cannot be named, and no
+        container directory can belong to it.
 
     Raises:
         WatchDecodeError: not an object, no metadata, or no UID.
@@ -128,6 +132,8 @@ def pod_info_from_object(
     name = meta.get("name")
     spec = cast(dict[str, Any], obj).get("spec")
     spec = spec if isinstance(spec, dict) else {}
+    status = cast(dict[str, Any], obj).get("status")
+    phase = status.get("phase") if isinstance(status, dict) else None
     return PodInfo(
         uid=_text(uid),
         namespace=_text(namespace) if isinstance(namespace, str) else "",
@@ -136,6 +142,7 @@ def pod_info_from_object(
         init_containers=_names(spec.get("initContainers")),
         annotations=_str_map(meta.get("annotations"), annotation_prefixes),
         labels=_str_map(meta.get("labels"), None),
+        phase=_text(phase[:MAX_PHASE_CHARS]) if isinstance(phase, str) else "",
     )
 
 

@@ -37,6 +37,9 @@ class PodInfo:
     init_containers: tuple[str, ...] = ()
     annotations: Mapping[str, str] = field(default_factory=lambda: _frozen(None))
     labels: Mapping[str, str] = field(default_factory=lambda: _frozen(None))
+    #: ``status.phase`` (``Pending``, ``Running``, ``Succeeded``, ``Failed``, ``Unknown``);
+    #: ``""`` when unknown (no Kubernetes, or the API left it out).
+    phase: str = ""
 
     def __post_init__(self) -> None:
         # Copy caller-owned dicts so a later mutation cannot change a published PodInfo.

@@ -76,6 +76,7 @@ def test_every_setting_reads_its_flag_then_its_variable() -> None:
         "log_level": "DEBUG",
         "no_kubernetes": "true",
         "legacy_metrics": "true",
+        "pod_labels_allowlist": "team, app.kubernetes.io/name,team",
     }
 
     def check(config: AgentConfig) -> None:
@@ -97,6 +98,7 @@ def test_every_setting_reads_its_flag_then_its_variable() -> None:
         assert config.shutdown_timeout == 3.0
         assert (config.log_format, config.log_level) == ("json", "debug")
         assert config.legacy_metrics is True
+        assert config.pod_labels_allowlist == ("team", "app.kubernetes.io/name")
 
     switch = {"LIBVGPU_HOSTPID_BROKER": "1"}
     argv = []

@@ -44,10 +44,14 @@ from hami_trio.errors import (
     HttpServerError,
     PodSourceError,
 )
+from hami_trio.metrics.exportstate import NODE_LABEL
+from hami_trio.pods.allocated import ALLOCATED_ANNOTATION
 from hami_trio.testing.regions import RegionSpec, write_region
 from tests.agent.agent import break_listener, http_get
 from tests.broker.wire import exchange, present, read_to_eof, send_now
 from tests.metrics.fake_nvml import FakeGpu, FakeNvml
+from tests.pods.fake_kube import FakeKubeApi
+from tests.pods.test_watch import write_kubeconfig
 
 GPU = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 
@@ -457,3 +461,130 @@ async def test_run_agent_raises_the_task_error(
     (error,) = errors
     assert str(error).startswith("broker failed: ")
     assert not present(socket_path)
+
+
+# -- pods on /metrics: allocation, lifecycle, why a container is (not) exported -----------------
+
+
+async def test_pod_lifecycle_and_export_states_through_the_agent(
+    hook: Path, mig_lock: Path, nvml: FakeNvml, tmp_path: Path
+) -> None:
+    """The real agent against the fake API server: what the pods say is what /metrics says.
+
+    A completed pod's rows go (its directory stays: the pod still exists), a restarted
+    container keeps its directory and its rows, a directory of a container the pod does not
+    list is not exported (and kept), and only a deleted pod's directories are removed, by
+    the lister's existing rule (here with a resync interval of 0).
+    """
+    fake = FakeKubeApi()
+    allocation = {ALLOCATED_ANNOTATION: f"{GPU},NVIDIA,3072,40:;"}
+    node = {NODE_LABEL: "node-a"}
+    async with trio.open_nursery() as outer:
+        await outer.start(fake.serve)
+        batch = fake.add_pod("batch", labels=node | {"team": "a"}, annotations=allocation)
+        serve = fake.add_pod("serve", labels=node | {"team": "b"}, annotations=allocation)
+        idle = fake.add_pod("idle", labels=node, annotations=allocation)  # no directory
+        broken = fake.add_pod("broken", labels=node, containers=("main", "waiting"))
+        dirs = {
+            "batch": add_container(hook, batch),
+            "serve": add_container(hook, serve),
+            "stale": add_container(hook, serve, "renamed"),  # serve lists no such container
+            "rejected": hook / "containers" / f"{broken}_main",
+            "waiting": hook / "containers" / f"{broken}_waiting",  # no cuInit yet: no file
+        }
+        dirs["rejected"].mkdir()
+        (dirs["rejected"] / "x.cache").write_bytes(b"\0" * 64)  # not HAMi-core's magic
+        dirs["waiting"].mkdir()
+        kubeconfig = write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{fake.port}")
+        config = config_for(
+            hook,
+            mig_lock,
+            f"--kubeconfig={kubeconfig}",
+            "--resync-interval=0s",
+            "--pod-labels-allowlist=team",
+            env={"NODE_NAME": "node-a"},
+        )
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                handle: AgentHandle = await nursery.start(partial(serve_agent, config, nvml=nvml))
+
+                async def scraped(check: Callable[[dict[Any, float]], bool]) -> dict[Any, float]:
+                    while True:
+                        status, text = await scrape(handle)
+                        assert status == 200
+                        found = samples(text)
+                        if check(found):
+                            return found
+                        await trio.sleep(0.05)
+
+                def states(found: dict[Any, float]) -> dict[str, float]:
+                    return {
+                        dict(labels)["state"]: value
+                        for (name, labels), value in found.items()
+                        if name == "hami_trio_monitor_containers"
+                    }
+
+                def pods_of(found: dict[Any, float], family: str) -> set[str]:
+                    return {dict(labels)["pod"] for name, labels in found if name == family}
+
+                found = await scraped(lambda f: states(f).get("exported") == 2)
+                assert states(found) == {
+                    "exported": 2,
+                    "paused": 0,
+                    "no_pod": 1,  # the renamed container
+                    "completed": 0,
+                    "rejected": 1,
+                    "no_cache_file": 1,
+                }
+                assert pods_of(found, "hami_vgpu_memory_used_bytes") == {"batch", "serve"}
+                # Allocated before any use: the idle pod has no directory at all.
+                allocated = {
+                    (dict(labels)["pod"], value)
+                    for (name, labels), value in found.items()
+                    if name == "hami_trio_container_allocated_memory_bytes"
+                }
+                assert allocated == {(p, 3072 << 20) for p in ("batch", "serve", "idle")}
+                info = {
+                    (dict(labels)["pod"], dict(labels)["pod_uid"], dict(labels)["phase"])
+                    for name, labels in found
+                    if name == "hami_trio_pod_info"
+                }
+                assert info == {
+                    ("batch", batch, "Running"),
+                    ("serve", serve, "Running"),
+                    ("idle", idle, "Running"),
+                    ("broken", broken, "Running"),
+                }
+                teams = {
+                    (dict(labels)["pod"], dict(labels)["label_team"])
+                    for name, labels in found
+                    if name == "hami_trio_pod_labels"
+                }
+                assert teams == {("batch", "a"), ("serve", "b"), ("idle", ""), ("broken", "")}
+                last_tick = found[("hami_trio_monitor_last_tick_timestamp_seconds", frozenset())]
+                assert abs(last_tick - time.time()) < 30
+
+                # The batch pod completes; the serve pod's container crashes and restarts.
+                fake.modify_pod(batch, phase="Succeeded")
+                fake.modify_pod(serve, restart="main")
+                found = await scraped(lambda f: states(f).get("completed") == 1)
+                assert pods_of(found, "hami_vgpu_memory_used_bytes") == {"serve"}
+                assert pods_of(found, "hami_trio_container_allocated_memory_bytes") == {
+                    "serve",
+                    "idle",
+                }
+                # A directory of a UID no pod has goes at once (resync interval 0) ...
+                stranger = add_container(hook, "uid-of-no-pod")
+                await scraped(lambda _: not stranger.exists())
+                ticks = handle.monitor.ticks
+                await scraped(lambda _: handle.monitor.ticks >= ticks + 5)
+                # ... but every pod still exists: none of theirs goes, whatever its state.
+                assert all(path.is_dir() for path in dirs.values())
+                assert states(await scraped(lambda _: True))["no_pod"] == 1
+
+                fake.delete_pod(batch)
+                found = await scraped(lambda _: not dirs["batch"].exists())
+                assert pods_of(found, "hami_trio_pod_info") == {"serve", "idle", "broken"}
+                assert dirs["serve"].is_dir()
+                handle.request_stop()
+        outer.cancel_scope.cancel()

@@ -26,6 +26,7 @@ import trio
 import hami_trio
 from hami_trio.agent.config import resolve_config
 from hami_trio.cli.main import build_parser
+from hami_trio.metrics.pods import parse_label_allowlist
 from hami_trio.pods.access import KubeAccess
 from tests.pods.fake_kube import FakeKubeApi
 from tests.pods.test_watch import start_watch, wait_until, write_kubeconfig
@@ -105,7 +106,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             "enabled": True,
             "scraper": {"namespaceSelector": {"matchLabels": {"team": "obs"}}, "podSelector": {}},
         },
-        "metrics": {"legacy": True, "port": 9500},
+        "metrics": {"legacy": True, "port": 9500, "podLabelsAllowlist": ["team", "app"]},
         "serviceMonitor": {"enabled": True},
         "log": {"format": "json", "level": "debug"},
         "image": {"digest": "sha256:" + "a" * 64, "pullSecrets": ["regcred"]},
@@ -426,6 +427,17 @@ def test_probes_and_ports_follow_the_metrics_port(chart: Any) -> None:
 def test_legacy_metrics_flag_exactly_when_on(chart: Any, legacy: bool) -> None:
     container = agent(render(chart, {"metrics": {"legacy": legacy}}))
     assert ("--legacy-metrics" in container["args"]) is legacy
+
+
+def test_pod_labels_allowlist_becomes_one_flag_the_agent_accepts(chart: Any) -> None:
+    assert not any(
+        arg.startswith("--pod-labels-allowlist") for arg in agent(render(chart, {}))["args"]
+    )
+    keys = ["team", "app.kubernetes.io/name"]
+    container = agent(render(chart, {"metrics": {"podLabelsAllowlist": keys}}))
+    (flag,) = [arg for arg in container["args"] if arg.startswith("--pod-labels-allowlist")]
+    assert flag == "--pod-labels-allowlist=team,app.kubernetes.io/name"
+    assert parse_label_allowlist(flag.partition("=")[2]) == tuple(keys)
 
 
 def test_log_values_become_flags(chart: Any) -> None:

@@ -652,7 +652,7 @@ def test_cache_file_of_a_tenant_shows_up_with_its_exact_values(agent: Agent) -> 
             break
         assert time.monotonic() < deadline, f"on /metrics: {found}, expected {expected}"
         time.sleep(0.5)
-    assert metrics[("hami_trio_monitor_containers", frozenset())] == 1
+    assert metrics[("hami_trio_monitor_containers", frozenset({("state", "exported")}))] == 1
     assert metrics[("hami_trio_lock_parent_ok", frozenset())] == 1
 
 

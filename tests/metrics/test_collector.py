@@ -56,10 +56,17 @@ class FakeSnapshot:
 
 
 @dataclass(frozen=True)
+class FakeRejection:
+    reason: str = "magic"
+    message: str = "x.cache: magic 0 is not HAMi-core's"
+
+
+@dataclass(frozen=True)
 class FakeContainer:
     pod_uid: str
     container_name: str
     snapshot: FakeSnapshot | None = FakeSnapshot()
+    rejection: FakeRejection | None = None
 
 
 @dataclass
@@ -220,6 +227,49 @@ def test_pod_matching_with_kubernetes() -> None:
     text = scrape(collector(monitor, pods))
     got = samples(text, "hami_vgpu_memory_used_bytes")
     assert [(labels["pod"], labels["container"]) for labels, _ in got] == [("trainer-0", "worker")]
+    states = {
+        labels["state"]: value for labels, value in samples(text, "hami_trio_monitor_containers")
+    }
+    assert states == {
+        "exported": 1,
+        "paused": 0,
+        "no_pod": 3,  # uid-2, uid-3, uid-4
+        "completed": 1,  # the init container
+        "rejected": 0,
+        "no_cache_file": 1,
+    }
+
+
+def test_completed_pods_rejected_files_and_the_pause_are_counted_by_state() -> None:
+    monitor = FakeMonitor(
+        [
+            FakeContainer("done", "worker"),  # its pod Succeeded
+            FakeContainer("crashed", "worker"),  # its pod Failed
+            FakeContainer("live", "worker"),  # running: exported
+            FakeContainer("live", "bad", None, FakeRejection()),  # file refused
+        ]
+    )
+    pods = [
+        hami_pod("done", phase="Succeeded"),
+        hami_pod("crashed", phase="Failed"),
+        hami_pod("live", containers=("worker", "bad"), phase="Running"),
+    ]
+    vgpu = collector(monitor, pods)
+    text = scrape(vgpu)
+    got = samples(text, "hami_vgpu_memory_used_bytes")
+    assert [(labels["container"], value) for labels, value in got] == [("worker", 8000)]
+    assert {(k, v) for k, v in vgpu.states().items() if v} == {
+        ("completed", 2),
+        ("exported", 1),
+        ("rejected", 1),
+    }
+    monitor.paused = True  # the rows stay (frozen at the last tick), counted as paused
+    text = scrape(vgpu)
+    assert len(samples(text, "hami_vgpu_memory_used_bytes")) == 1
+    states = {
+        labels["state"]: value for labels, value in samples(text, "hami_trio_monitor_containers")
+    }
+    assert (states["paused"], states["exported"], states["completed"]) == (1, 0, 2)
 
 
 def test_without_kubernetes_pods_are_named_by_uid() -> None:
@@ -588,7 +638,7 @@ def test_a_failing_container_drops_only_its_own_rows(caplog: pytest.LogCaptureFi
         assert {labels.get("pod", labels.get("podname")) for labels, _ in samples(text, name)} == {
             "trainer-0"
         }, name
-    assert errors(text) == {"container": 1, "mig": 0, "pods": 0, "host": 0}
+    assert errors(text) == {"container": 1, "mig": 0, "pods": 0, "host": 0, "allocated": 0}
     assert errors(text_again)["container"] == 2
     warnings = [r.getMessage() for r in caplog.records]
     assert warnings == ["container worker of pod uid-2: left out of /metrics: RuntimeError: boom"]
@@ -627,7 +677,7 @@ def test_failing_sources_cost_only_their_part() -> None:
     )
     text = scrape(mig)
     assert samples(text, "hami_vgpu_memory_used_bytes") == [(LABELS, 8000)]
-    assert errors(text) == {"container": 0, "mig": 0, "pods": 1, "host": 1}
+    assert errors(text) == {"container": 0, "mig": 0, "pods": 1, "host": 1, "allocated": 0}
 
 
 # Tenants as (pod name, container name, MIG annotation); the fuzz target reuses this.

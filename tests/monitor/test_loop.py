@@ -104,7 +104,13 @@ async def test_ticks_every_interval_and_writes_feedback(
         assert hi.read_control() == (0, 0)
         assert lo.read_control() == (0, 0)  # released once hi went quiet
         monitor.request_stop()
-    assert registry.get_sample_value("hami_trio_monitor_containers") == 2
+    # The per-state container counts are the collector's (they need the pods); the monitor
+    # stamps each completed tick with the wall clock.
+    assert monitor.last_tick_time is not None
+    assert (
+        registry.get_sample_value("hami_trio_monitor_last_tick_timestamp_seconds")
+        == monitor.last_tick_time
+    )
     assert registry.get_sample_value("hami_trio_monitor_tick_duration_seconds_count") == 3
     assert registry.get_sample_value("hami_trio_monitor_mig_paused") == 0
     assert (
@@ -128,7 +134,7 @@ async def test_rejections_are_counted_in_the_registry(
         registry.get_sample_value("hami_trio_monitor_files_rejected_total", {"reason": "magic"})
         == 1
     )
-    assert registry.get_sample_value("hami_trio_monitor_containers") == 0
+    assert monitor.containers()[ContainerKey("bad", "c")].rejection is not None
 
 
 async def test_mig_lock_pauses_within_one_tick_and_resumes(
@@ -449,3 +455,25 @@ async def test_readiness_says_why_without_making_the_agent_unready(
         assert 'hami_trio_monitor_mig_lock_refusals_total{reason="owner"} 1.0' in text
         assert "hami_trio_monitor_mig_paused 0.0" in text
         handle.request_stop()
+
+
+async def test_each_completed_tick_is_stamped_with_the_wall_clock(hook: Path) -> None:
+    add(hook, "a_c")
+    registry = CollectorRegistry()
+    now = [1_800_000_000.0]
+    monitor = Monitor(
+        config(hook), pod_source=StaticPodSource(), registry=registry, wall_clock=lambda: now[0]
+    )
+    try:
+        assert monitor.last_tick_time is None
+        assert registry.get_sample_value("hami_trio_monitor_last_tick_timestamp_seconds") == 0
+        await monitor.tick()
+        now[0] += 7.5
+        await monitor.tick()
+    finally:
+        monitor.close()
+    assert monitor.last_tick_time == 1_800_000_007.5
+    assert (
+        registry.get_sample_value("hami_trio_monitor_last_tick_timestamp_seconds")
+        == 1_800_000_007.5
+    )

@@ -132,8 +132,9 @@ class FakeKubeApi:
         init_containers: Sequence[str] = (),
         annotations: Mapping[str, str] | None = None,
         labels: Mapping[str, str] | None = None,
+        phase: str = "Running",
     ) -> str:
-        """Create a pod (ADDED); returns its UID."""
+        """Create a pod (ADDED) in ``phase``; returns its UID."""
         uid = uid or str(uuid_module.uuid4())
         pod: dict[str, Any] = {
             "kind": "Pod",
@@ -150,7 +151,10 @@ class FakeKubeApi:
                 "containers": [{"name": c, "image": "busybox"} for c in containers],
                 "initContainers": [{"name": c, "image": "busybox"} for c in init_containers],
             },
-            "status": {"phase": "Running"},
+            "status": {
+                "phase": phase,
+                "containerStatuses": [{"name": c, "restartCount": 0} for c in containers],
+            },
         }
         self._pods[uid] = pod
         self._record("ADDED", pod)
@@ -162,13 +166,23 @@ class FakeKubeApi:
         *,
         annotations: Mapping[str, str] | None = None,
         labels: Mapping[str, str] | None = None,
+        phase: str | None = None,
+        restart: str | None = None,
     ) -> None:
-        """Change a pod's annotations/labels (MODIFIED)."""
+        """Change a pod (MODIFIED): its annotations, labels or ``status.phase``, or count a
+        restart of container ``restart`` (its ``restartCount`` goes up, as the kubelet
+        reports when it restarts a crashed container in place: same pod, same UID)."""
         pod = self._pods[uid]
         if annotations is not None:
             pod["metadata"]["annotations"] = dict(annotations)
         if labels is not None:
             pod["metadata"]["labels"] = dict(labels)
+        if phase is not None:
+            pod["status"]["phase"] = phase
+        if restart is not None:
+            for status in pod["status"]["containerStatuses"]:
+                if status["name"] == restart:
+                    status["restartCount"] += 1
         self._record("MODIFIED", pod)
 
     def delete_pod(self, uid: str) -> None:

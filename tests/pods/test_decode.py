@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 
 from hami_trio.pods.decode import (
+    MAX_PHASE_CHARS,
     WatchDecodeError,
     WatchEvent,
     apply_watch_event,
@@ -54,6 +55,25 @@ def test_pod_info_keeps_what_the_monitor_uses() -> None:
     assert "kubectl.kubernetes.io/last-applied-configuration" in (
         pod_info_from_object(obj, annotation_prefixes=None).annotations
     )
+
+
+@pytest.mark.parametrize(
+    ("status", "phase"),
+    [
+        ({"phase": "Succeeded"}, "Succeeded"),
+        ({"phase": "Running", "containerStatuses": []}, "Running"),
+        ({"phase": "P" * 500}, "P" * MAX_PHASE_CHARS),  # bounded like every kept string
+        ({"phase": "Run\ud800"}, "Run\ufffd"),
+        ({"phase": 3}, ""),
+        ({}, ""),
+        ("Running", ""),
+        (None, ""),
+    ],
+)
+def test_pod_phase_is_bounded_text(status: object, phase: str) -> None:
+    obj = _pod() | {"status": status}
+    assert pod_info_from_object(obj).phase == phase
+    assert pod_info_from_object(_pod()).phase == ""  # no status at all
 
 
 @pytest.mark.parametrize(
@@ -225,8 +245,11 @@ def _exportable(text: str) -> None:
 
 
 def _check_pod(pod: PodInfo) -> None:
-    for text in (pod.uid, pod.namespace, pod.name, *pod.containers, *pod.init_containers):
+    for text in (pod.uid, pod.namespace, pod.name, pod.phase, *pod.containers):
         _exportable(text)
+    for text in pod.init_containers:
+        _exportable(text)
+    assert len(pod.phase) <= MAX_PHASE_CHARS
     for key, value in (*pod.labels.items(), *pod.annotations.items()):
         _exportable(key)
         _exportable(value)

@@ -314,6 +314,7 @@ async def test_initial_list_is_scoped_to_the_node(
         init_containers=("setup",),
         annotations={"hami.io/vgpu-mig-allocations": "[]"},
         labels={"hami.io/vgpu-node": "node-a"},
+        phase="Running",
     )
     await wait_until(lambda: fake.open_watches == 1)
     list_request, watch_request = fake.requests[:2]

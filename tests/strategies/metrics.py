@@ -14,6 +14,10 @@ from typing import Any
 from hypothesis import strategies as st
 
 __all__ = [
+    "allocated_annotations",
+    "allocated_entries",
+    "encode_allocated",
+    "hostile_allocated_annotations",
     "hostile_mig_annotations",
     "hostile_text",
     "json_values",
@@ -180,6 +184,104 @@ def hostile_mig_annotations() -> st.SearchStrategy[str]:
     )
 
 
+# -- hami.io/vgpu-devices-allocated ----------------------------------------------------------
+
+#: One device as (UUID, type, memory MiB, cores percent).
+AllocatedTuple = tuple[str, str, int, int]
+
+
+def encode_allocated(entries: list[list[AllocatedTuple]]) -> str:
+    """What HAMi's ``EncodePodSingleDevice`` writes: every device followed by ``:``, every
+    container entry followed by ``;``."""
+    return "".join(
+        "".join(f"{uuid},{kind},{memory},{cores}:" for uuid, kind, memory, cores in entry) + ";"
+        for entry in entries
+    )
+
+
+def allocated_entries(max_entries: int = 5) -> st.SearchStrategy[list[list[AllocatedTuple]]]:
+    """Per container entry, the devices HAMi's scheduler could have written."""
+    separators = set(",:;")
+    field = st.text(
+        st.characters(blacklist_characters=sorted(separators), blacklist_categories=("Cs",)),
+        min_size=1,
+        max_size=12,
+    )
+    device = st.tuples(
+        st.sampled_from(["GPU-aaaa", "GPU-bbbb-1111"]) | field,
+        st.sampled_from(["NVIDIA", "NVIDIA-H100"]) | field,
+        st.integers(0, (1 << 31) - 1),
+        st.integers(0, 100) | st.integers(0, (1 << 31) - 1),
+    )
+    return st.lists(st.lists(device, max_size=3), max_size=max_entries)
+
+
+def allocated_annotations() -> st.SearchStrategy[str]:
+    """Valid values (as HAMi encodes them), and near misses: cut, spliced or edited ones."""
+    valid = allocated_entries().map(encode_allocated)
+    edits = st.sampled_from(
+        [
+            "",
+            ";",
+            ":",
+            ",",
+            "GPU-a,NVIDIA,1,2",
+            "GPU-a,NVIDIA,1",
+            ",NVIDIA,1,2",
+            "GPU-a,,1,2",
+            "GPU-a,NVIDIA,-1,2",
+            "GPU-a,NVIDIA,1,-0",
+            "GPU-a,NVIDIA,+7,0",
+            "GPU-a,NVIDIA, 1,2",
+            "GPU-a,NVIDIA,1_0,2",
+            "GPU-a,NVIDIA,\u0661,2",
+            "GPU-a,NVIDIA,2147483648,0",
+            "GPU-a,NVIDIA,0x10,0",
+            "GPU-a,NVIDIA,1,2,extra,fields",
+            "GPU-a",
+        ]
+    )
+    spliced = st.builds(
+        lambda value, at, edit: value[:at] + edit + value[at:],
+        valid,
+        st.integers(0, 80),
+        edits | hostile_text(6),
+    )
+    return valid | spliced | st.lists(edits, max_size=6).map(":".join)
+
+
+def hostile_allocated_annotations() -> st.SearchStrategy[str]:
+    """Values a pod's creator may write to hurt the collector: sizes around the caps, huge
+    numbers, long fields, lone surrogates, many entries or devices."""
+    many_devices = st.builds(
+        lambda count: "GPU-a,NVIDIA,1,1:" * count + ";", st.integers(100, 3000)
+    )
+    many_entries = st.builds(lambda count: ";" * count, st.integers(500, 70_000))
+    long_field = st.builds(
+        lambda size, where: (
+            "x" * size + ",NVIDIA,1,1:;" if where else "GPU-a," + "x" * size + ",1,1:;"
+        ),
+        st.integers(100, 70_000),
+        st.booleans(),
+    )
+    digits = st.builds(lambda size: f"GPU-a,NVIDIA,{'9' * size},1:;", st.integers(1, 70_000))
+    # Lone surrogates (what a JSON escape such as "\\ud800" decodes to), a pair, a NUL.
+    surrogates = st.sampled_from([chr(0xD800), chr(0xDFFF), chr(0xD83D) + chr(0xDE00), "\0"]).map(
+        lambda text: "GPU-" + text + ",NVIDIA,1,1:;"
+    )
+    padded = st.builds(lambda size: " " * size, st.integers(65_000, 66_000))
+    return (
+        allocated_annotations()
+        | many_devices
+        | many_entries
+        | long_field
+        | digits
+        | surrogates
+        | padded
+        | hostile_text(40)
+    )
+
+
 def pod_objects() -> st.SearchStrategy[Any]:
     """Pod objects as a list or watch event carries them: plausible, hostile, or not pods."""
     text = hostile_text() | st.sampled_from(["", "main", "hami.io/vgpu-node", "node-a"])
@@ -203,8 +305,10 @@ def pod_objects() -> st.SearchStrategy[Any]:
     spec = st.fixed_dictionaries(
         {}, optional={"containers": containers | anything, "initContainers": containers}
     )
+    status = st.fixed_dictionaries({}, optional={"phase": text | anything})
     pods = st.fixed_dictionaries(
-        {"metadata": metadata | anything}, optional={"spec": spec | anything}
+        {"metadata": metadata | anything},
+        optional={"spec": spec | anything, "status": status | anything},
     )
     return pods | anything
 
