@@ -77,8 +77,6 @@ STATEFUL = frozenset(
 CONTAINER = ("namespace", "pod", "container")
 DEVICE = (*CONTAINER, "vdevice_index", "device_uuid")
 AWAITING_OBSERVABILITY: dict[str, tuple[str, ...]] = {
-    "hami_trio_container_allocated_memory_bytes": DEVICE,
-    "hami_trio_container_allocated_cores_ratio": DEVICE,
     "hami_trio_container_processes": (*CONTAINER, "state"),
     "hami_trio_container_device_processes": DEVICE,
     "hami_trio_container_core_limit_ratio": DEVICE,
@@ -86,8 +84,6 @@ AWAITING_OBSERVABILITY: dict[str, tuple[str, ...]] = {
     "hami_trio_container_utilization_switch": CONTAINER,
     "hami_trio_container_blocked_seconds_total": CONTAINER,
     "hami_trio_container_blocks_total": CONTAINER,
-    "hami_trio_monitor_last_tick_timestamp_seconds": (),
-    "hami_trio_pod_info": ("namespace", "pod", "pod_uid", "node", "phase"),
 }
 
 

@@ -99,8 +99,6 @@ NO_DATA_HERE = {
 # test_awaited_families_have_no_data_yet fails until its entry is removed (then its
 # expressions must return data like every other). An empty tuple is the goal.
 AWAITING_OBSERVABILITY = (
-    "hami_trio_container_allocated_memory_bytes",
-    "hami_trio_container_allocated_cores_ratio",
     "hami_trio_container_processes",
     "hami_trio_container_device_processes",
     "hami_trio_container_core_limit_ratio",
@@ -108,8 +106,6 @@ AWAITING_OBSERVABILITY = (
     "hami_trio_container_utilization_switch",
     "hami_trio_container_blocked_seconds_total",
     "hami_trio_container_blocks_total",
-    "hami_trio_monitor_last_tick_timestamp_seconds",
-    "hami_trio_pod_info",
 )
 
 # Alerts whose condition the fixture creates (pending or firing), with labels they must carry.
