@@ -87,6 +87,7 @@ PURE_CORES = frozenset(
         "hami_trio.pods.access",
         "hami_trio.pods.decode",
         "hami_trio.pods.migalloc",
+        "hami_trio.agent.debug",
     }
 )
 

@@ -47,6 +47,8 @@ from hami_trio.monitor.loop import (
 from hami_trio.pods.access import KubeAccess, validate_node_name
 
 __all__ = [
+    "DEBUG_OFF",
+    "DEFAULT_DEBUG_BIND_ADDRESS",
     "DEFAULT_METRICS_BIND_ADDRESS",
     "DEFAULT_SHUTDOWN_TIMEOUT",
     "SETTINGS",
@@ -61,6 +63,12 @@ __all__ = [
 
 #: HAMi vGPUmonitor's metrics address: every interface, port 9394.
 DEFAULT_METRICS_BIND_ADDRESS: Final = ":9394"
+#: The debug view's address: the loopback interface only (host PIDs and file paths are not
+#: for every pod to read); ``kubectl exec`` into the agent's pod reaches it.
+DEFAULT_DEBUG_BIND_ADDRESS: Final = "127.0.0.1:9395"
+#: The value of ``--debug-bind-address`` (or its variable) that turns the debug port off; an
+#: empty flag does too (an empty variable counts as unset, like every variable).
+DEBUG_OFF: Final = "off"
 #: How long a graceful stop may take before what is left is cancelled (seconds).  Well within
 #: the chart's 30 s termination grace period: the broker drains within its exchange deadline
 #: (0.5 s) and a monitor tick within its interval (5 s).
@@ -163,6 +171,15 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "ADDR",
     ),
     Setting(
+        "debug_bind_address",
+        "--debug-bind-address",
+        "HAMI_TRIO_DEBUG_BIND_ADDRESS",
+        "host:port of the debug view (/debug/state, read by hami-trio status); keep it on the "
+        f"loopback interface: it shows host PIDs and file paths; '{DEBUG_OFF}' (or an empty "
+        f"flag) turns it off (default {DEFAULT_DEBUG_BIND_ADDRESS})",
+        "ADDR",
+    ),
+    Setting(
         "metrics_max_connections",
         "--metrics-max-connections",
         "HAMI_TRIO_METRICS_MAX_CONNECTIONS",
@@ -258,6 +275,7 @@ class AgentConfig:
         node_name: this node (validated when ``kubernetes`` is set; else only a label).
         kubernetes: how to reach the API server for the pod watch; None: ``--no-kubernetes``.
         metrics_bind: where ``/metrics``, ``/healthz`` and ``/readyz`` listen.
+        debug_bind: where the debug view listens; None: off.
         http_limits: what one client of that port may cost (connections, deadlines).
         legacy_metrics: also export HAMi's legacy names.
         broker: the broker's settings; None when it is off (``LIBVGPU_HOSTPID_BROKER`` is not
@@ -275,6 +293,9 @@ class AgentConfig:
     lock_parent_path: Path = Path(LOCK_PARENT)
     metrics_bind: BindAddress = field(
         default_factory=lambda: parse_bind_address(DEFAULT_METRICS_BIND_ADDRESS)
+    )
+    debug_bind: BindAddress | None = field(
+        default_factory=lambda: parse_bind_address(DEFAULT_DEBUG_BIND_ADDRESS)
     )
     http_limits: HttpLimits = field(default_factory=HttpLimits)
     legacy_metrics: bool = False
@@ -319,6 +340,7 @@ class AgentConfig:
             "mig_lock_path": str(self.monitor.mig_lock_path),
             "lock_parent_path": str(self.lock_parent_path),
             "metrics_bind_address": str(self.metrics_bind),
+            "debug_bind_address": None if self.debug_bind is None else str(self.debug_bind),
             "metrics_max_connections": self.http_limits.max_connections,
             "metrics_request_timeout_seconds": self.http_limits.request_timeout,
             "legacy_metrics": self.legacy_metrics,
@@ -420,6 +442,15 @@ def _resync_interval(reader: _Reader, warnings: list[str]) -> float:
     return value
 
 
+def _debug_bind(reader: _Reader) -> BindAddress | None:
+    text, origin = reader.text("debug_bind_address")
+    if text is None:
+        return parse_bind_address(DEFAULT_DEBUG_BIND_ADDRESS)
+    if text in ("", DEBUG_OFF):
+        return None
+    return parse_bind_address(text, name=origin)
+
+
 def _broker(reader: _Reader, env: Mapping[str, str], warnings: list[str]) -> BrokerConfig | None:
     switch = env.get(BROKER_SWITCH_ENV)
     reader.sources["broker"] = BROKER_SWITCH_ENV if switch else "default"
@@ -515,6 +546,7 @@ def resolve_config(
     bind = parse_bind_address(
         DEFAULT_METRICS_BIND_ADDRESS if bind_text is None else bind_text, name=bind_origin
     )
+    debug_bind = _debug_bind(reader)
     max_text, max_origin = reader.text("metrics_max_connections")
     request_text, request_origin = reader.text("metrics_request_timeout")
     http_limits = HttpLimits(
@@ -570,6 +602,7 @@ def resolve_config(
         kubernetes=access,
         lock_parent_path=Path(LOCK_PARENT if parent_text is None else parent_text),
         metrics_bind=bind,
+        debug_bind=debug_bind,
         http_limits=http_limits,
         legacy_metrics=legacy,
         broker=broker,

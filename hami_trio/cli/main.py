@@ -34,6 +34,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "hami_trio.cli.hostpid",
     "hami_trio.cli.allocate",
     "hami_trio.cli.monitor",
+    "hami_trio.cli.status",
     "hami_trio.cli.demo",
 )
 
