@@ -363,7 +363,11 @@ def container_entry(
         "pod": None if pod is None else pod.name,
         "identity": _identity(key, pod, pods, text),
         "status": state.status.value,
-        "file": None if state.cache_file is None else _text(state.cache_file, text),
+        "file": (
+            None
+            if state.cache_file is None
+            else _text(f"{state.directory}/{state.cache_file}", text)
+        ),
         "rejection": (
             None
             if rejection is None

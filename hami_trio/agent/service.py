@@ -401,7 +401,7 @@ class _Agent:
         )
         debug_text = "off" if debug_bound is None else str(debug_bound)
         logger.info(
-            "agent ready: broker %s, pod watch %s, monitor on %s, metrics on %s, debug on %s",
+            "agent ready: broker %s, pod watch %s, monitor on %s, metrics on %s, debug view %s",
             broker_text,
             pods_text,
             monitor_config.containers_dir,

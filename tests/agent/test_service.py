@@ -65,6 +65,7 @@ def config_for(
         f"--hook-path={hook}",
         f"--mig-lock-path={mig_lock}",
         "--metrics-bind-address=127.0.0.1:0",
+        "--debug-bind-address=127.0.0.1:0",
         "--interval=0.05",
         *flags,
     ]
