@@ -148,9 +148,7 @@ class AgentProcess:
             # Tests run side by side: a free port, not the fixed default.
             args = [*args, "--debug-bind-address=127.0.0.1:0"]
         argv = [*prefix, sys.executable, "-m", "hami_trio", "run", "--log-format=json", *args]
-        self.proc = subprocess.Popen(
-            argv, stderr=subprocess.PIPE, text=True, env=environment
-        )
+        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=environment)
         self.lines: list[str] = []
         self._changed = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from hami_trio.agent.debug import DebugExtras, DebugLimits, PodWatchSummary
+from hami_trio.agent.debug import DebugExtras, DebugLimits, PodWatchSummary, debug_state
 from hami_trio.agent.status import format_status, status_address
 from hami_trio.errors import ConfigError
 from hami_trio.goparse import BindAddress
@@ -19,7 +19,6 @@ from tests.agent.test_debug import (
     Blocking,
     Decision,
     Device,
-    debug_state,
     loaded,
     two_gpus,
 )
