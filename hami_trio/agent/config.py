@@ -16,6 +16,7 @@ given" is visible); :func:`resolve_config` is pure and raises
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import socket
 from collections.abc import Callable, Mapping
@@ -442,13 +443,29 @@ def _resync_interval(reader: _Reader, warnings: list[str]) -> float:
     return value
 
 
-def _debug_bind(reader: _Reader) -> BindAddress | None:
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # "" (every interface) or a host name
+
+
+def _debug_bind(reader: _Reader, warnings: list[str]) -> BindAddress | None:
     text, origin = reader.text("debug_bind_address")
     if text is None:
         return parse_bind_address(DEFAULT_DEBUG_BIND_ADDRESS)
     if text in ("", DEBUG_OFF):
         return None
-    return parse_bind_address(text, name=origin)
+    bind = parse_bind_address(text, name=origin)
+    if not _loopback(bind.host):
+        warnings.append(
+            f"{origin}={text!r} is not a loopback address: whoever reaches it reads every "
+            "container's host PIDs and file paths (keep it on 127.0.0.1 unless a firewall "
+            "guards it)"
+        )
+    return bind
 
 
 def _broker(reader: _Reader, env: Mapping[str, str], warnings: list[str]) -> BrokerConfig | None:
@@ -546,7 +563,7 @@ def resolve_config(
     bind = parse_bind_address(
         DEFAULT_METRICS_BIND_ADDRESS if bind_text is None else bind_text, name=bind_origin
     )
-    debug_bind = _debug_bind(reader)
+    debug_bind = _debug_bind(reader, warnings)
     max_text, max_origin = reader.text("metrics_max_connections")
     request_text, request_origin = reader.text("metrics_request_timeout")
     http_limits = HttpLimits(

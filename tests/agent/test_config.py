@@ -295,6 +295,15 @@ def test_debug_view_is_on_the_loopback_by_default_and_can_be_turned_off() -> Non
     # An empty variable is unset, as for every variable: the default, not off.
     empty = resolve("--no-kubernetes", env={"HAMI_TRIO_DEBUG_BIND_ADDRESS": ""})
     assert empty.debug_bind == BindAddress("127.0.0.1", 9395)
+    for loopback in ("127.0.0.1:1", "127.8.0.1:1", "[::1]:1", "localhost:1"):
+        assert resolve("--no-kubernetes", f"--debug-bind-address={loopback}").warnings == ()
+    wide = resolve("--no-kubernetes", "--debug-bind-address=:9395")
+    assert wide.debug_bind == BindAddress("", 9395)
+    assert wide.warnings == (
+        "--debug-bind-address=':9395' is not a loopback address: whoever reaches it reads every "
+        "container's host PIDs and file paths (keep it on 127.0.0.1 unless a firewall guards it)",
+    )
+    assert len(resolve("--no-kubernetes", "--debug-bind-address=10.0.0.1:1").warnings) == 1
     with pytest.raises(ConfigError, match=r"^HAMI_TRIO_DEBUG_BIND_ADDRESS: '9395' has no port"):
         resolve("--no-kubernetes", env={"HAMI_TRIO_DEBUG_BIND_ADDRESS": "9395"})
 
