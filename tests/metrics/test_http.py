@@ -513,11 +513,20 @@ async def test_limits_are_validated() -> None:
 
 
 async def start_routes(
-    nursery: trio.Nursery, routes: Mapping[str, Route], **options: object
+    nursery: trio.Nursery,
+    routes: Mapping[str, Route],
+    *,
+    limits: HttpLimits | None = None,
+    stats: HttpStats | None = None,
 ) -> int:
     bound: BindAddress = await nursery.start(
         partial(
-            serve_routes, parse_bind_address("127.0.0.1:0"), routes, name="--test-bind", **options
+            serve_routes,
+            parse_bind_address("127.0.0.1:0"),
+            routes,
+            name="--test-bind",
+            limits=limits,
+            stats=stats,
         )
     )
     return bound.port
