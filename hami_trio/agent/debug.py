@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol
 
 from hami_trio.monitor.snapshot import UsageSnapshot
@@ -244,7 +244,6 @@ class PodWatchSummary:
     resource_version: str | None = None
     relists: int | None = None
     node_name: str = ""
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 # -- the builder ----------------------------------------------------------------------------
@@ -506,7 +505,6 @@ def debug_state(
             "pods": pods.pods,
             "resource_version": pods.resource_version,
             "relists": pods.relists,
-            **pods.extra,
         },
         "selection": selection.to_json(),
         "containers_matched": len(chosen),

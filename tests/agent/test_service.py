@@ -49,6 +49,8 @@ from hami_trio.testing.regions import MemoryUse, ProcSlot, RegionSpec, UtilUse, 
 from tests.agent.agent import break_listener, http_get
 from tests.broker.wire import exchange, present, read_to_eof, send_now
 from tests.metrics.fake_nvml import FakeGpu, FakeNvml
+from tests.pods.fake_kube import FakeKubeApi
+from tests.pods.test_watch import write_kubeconfig
 
 GPU = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 
@@ -586,3 +588,51 @@ async def test_busy_debug_port_fails_start_up_naming_the_flag_and_address(
         ):
             await serve_agent(config, nvml=nvml)
     assert not present(socket_path)  # the tasks already started were stopped
+
+
+async def test_debug_view_names_pods_from_the_api_server_and_why_others_are_unknown(
+    hook: Path, mig_lock: Path, base_dir: Path, nvml: FakeNvml
+) -> None:
+    async with trio.open_nursery() as nursery:
+        fake = FakeKubeApi()
+        await nursery.start(fake.serve)
+        uid = fake.add_pod("trainer-0", namespace="team-a", labels={"hami.io/vgpu-node": "node-a"})
+        add_container(hook, uid, "main")
+        add_container(hook, "not-on-this-node", "main")
+        env = {
+            "NODE_NAME": "node-a",
+            "KUBECONFIG": write_kubeconfig(base_dir / "kc", f"http://127.0.0.1:{fake.port}"),
+        }
+        config = config_for(hook, mig_lock, env=env)
+        handle: AgentHandle = await nursery.start(partial(serve_agent, config, nvml=nvml))
+        with trio.fail_after(20):
+            while True:  # the watch is connected after the first list
+                if handle.pod_source.authoritative:
+                    break
+                await trio.sleep(0.02)
+        status, body = await debug_get(handle, "/debug/state")
+        doc = json.loads(body)
+        assert status == 200
+        known, unknown = doc["containers"]  # known pods first
+        assert (known["namespace"], known["pod"], known["pod_uid"]) == ("team-a", "trainer-0", uid)
+        assert known["identity"] == {"known": True, "reason": None}
+        assert (unknown["namespace"], unknown["pod"]) == (None, None)
+        assert unknown["identity"] == {
+            "known": False,
+            "reason": "pod UID 'not-on-this-node' is not known to the pod watch of node "
+            "'node-a' (deleted, on another node, or not scheduled by HAMi here)",
+        }
+        pods = doc["pods"]
+        assert (pods["source"], pods["node"], pods["ready"], pods["authoritative"]) == (
+            "kubernetes",
+            "node-a",
+            True,
+            True,
+        )
+        assert pods["pods"] == 1
+        assert pods["resource_version"] is not None
+        assert doc["broker"] is None
+        picked = json.loads((await debug_get(handle, "/debug/containers?namespace=team-a"))[1])
+        assert [e["pod"] for e in picked["containers"]] == ["trainer-0"]
+        handle.request_stop()
+        fake.stop()
