@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol
@@ -249,8 +250,20 @@ class PodWatchSummary:
 # -- the builder ----------------------------------------------------------------------------
 
 
+# A name that is not UTF-8 comes from the file system as lone surrogates (Python's
+# surrogateescape); JSON could carry them only as unpaired \u escapes, which many readers
+# refuse.  They are written out as text instead: the name stays visible, the document valid.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _text(value: str, limit: int) -> str:
-    return value if len(value) <= limit else value[:limit] + "..."
+    """Tenant text for the document: at most ``limit`` characters (then ``...``), and no
+    lone surrogate (each becomes the six characters ``\\udcNN``)."""
+    if len(value) > limit:
+        value = value[:limit] + "..."
+    if _SURROGATE.search(value) is None:
+        return value
+    return _SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", value)
 
 
 def _identity(key: KeyView, pod: PodInfo | None, pods: PodWatchSummary, limit: int) -> Any:
@@ -358,8 +371,8 @@ def container_entry(
         "directory": _text(state.directory, text),
         "pod_uid": _text(key.pod_uid, text),
         "container": _text(key.container_name, text),
-        "namespace": None if pod is None else pod.namespace,
-        "pod": None if pod is None else pod.name,
+        "namespace": None if pod is None else _text(pod.namespace, text),
+        "pod": None if pod is None else _text(pod.name, text),
         "identity": _identity(key, pod, pods, text),
         "status": state.status.value,
         "file": (

@@ -21,6 +21,7 @@ from hami_trio.agent.config import DEBUG_OFF, DEFAULT_DEBUG_BIND_ADDRESS
 from hami_trio.agent.debug import SCHEMA
 from hami_trio.errors import ConfigError, HamiTrioError
 from hami_trio.goparse import BindAddress, parse_bind_address
+from hami_trio.logs import escape_control
 
 __all__ = ["DEBUG_ENV", "fetch_state", "format_status", "status_address"]
 
@@ -267,14 +268,26 @@ def _summary(document: Mapping[str, Any]) -> list[str]:
 
 
 def format_status(document: Mapping[str, Any]) -> str:
-    """The document as ``hami-trio status`` prints it (``?``: not known to the agent)."""
+    """The document as ``hami-trio status`` prints it (``?``: not known to the agent).
+
+    Names and reasons are the tenants' text: every control character is escaped (as in the
+    logs), so nothing in the table can start a line of its own or drive the terminal.
+    """
+    return "".join(escape_control(line) + "\n" for line in _format(document))  # idempotent
+
+
+def _format(document: Mapping[str, Any]) -> list[str]:
     lines = _summary(document)
     lines.append("")
     entries = document.get("containers") or []
     if not entries:
         lines.append("no container directories" + (" match" if document.get("selection") else ""))
-        return "\n".join(lines) + "\n"
-    groups = [(_rows(entry), _why(entry)) for entry in entries]
+        return lines
+    # Escaped per cell, before the widths: an escaped name is wider than the raw one.
+    groups = [
+        ([[escape_control(cell) for cell in row] for row in _rows(entry)], _why(entry))
+        for entry in entries
+    ]
     widths = _widths([list(_COLUMNS), *(row for rows, _ in groups for row in rows)])
     lines.append(_line(_COLUMNS, widths))
     for rows, notes in groups:
@@ -285,4 +298,4 @@ def format_status(document: Mapping[str, Any]) -> str:
             f"... {document.get('containers_shown')} of {document.get('containers_matched')} "
             "containers shown (the agent caps the document; use --namespace/--pod)"
         )
-    return "\n".join(lines) + "\n"
+    return lines

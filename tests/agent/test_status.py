@@ -5,9 +5,17 @@ The command against a real agent: tests/cli/test_status.py.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from hami_trio.agent.debug import DebugExtras, DebugLimits, PodWatchSummary, debug_state
+from hami_trio.agent.debug import (
+    DebugExtras,
+    DebugLimits,
+    PodWatchSummary,
+    debug_state,
+    render,
+)
 from hami_trio.agent.status import format_status, status_address
 from hami_trio.errors import ConfigError
 from hami_trio.goparse import BindAddress
@@ -115,3 +123,26 @@ def test_status_address() -> None:
         status_address("x", {})
     with pytest.raises(ConfigError, match="debug view is off"):
         status_address(None, {"HAMI_TRIO_DEBUG_BIND_ADDRESS": "off"})
+
+
+def test_tenant_text_cannot_drive_the_terminal_or_break_the_document() -> None:
+    hostile = "evil\x1b[2J\nx\udcff"  # ESC, a newline, a byte that is not UTF-8
+    doc = debug_state(
+        {state.key: state for state in [loaded("stray", hostile, two_gpus())]},
+        StaticPodSource([]),
+        now=0.0,
+        node_name="node-a",
+        version="9.9",
+        monitor=MONITOR,
+        pods=PodWatchSummary("kubernetes", True, True, node_name="node-a"),
+        broker=None,
+    )
+    body = render(doc)
+    assert json.loads(body)["containers"][0]["container"] == "evil\x1b[2J\nx\\udcff"
+    body.decode("ascii")  # and every JSON reader can take it: no unpaired surrogate escape
+    assert b"\\udcff" not in body.replace(b"\\\\udcff", b"")
+    text = format_status(doc)
+    assert "\x1b" not in text
+    header, row = text.partition("\n\n")[2].splitlines()[:2]
+    assert row.startswith("? stray_evil\\x1b[2J\\nx\\udcff ")  # one line, escaped
+    assert row.index(" v1 ") + 1 == header.index("FORMAT")  # aligned after escaping
