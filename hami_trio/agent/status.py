@@ -83,6 +83,8 @@ def fetch_state(
         ) from exc
     finally:
         connection.close()
+    if len(body) > _MAX_ANSWER:
+        raise HamiTrioError(f"{address}{path}: answer larger than {_MAX_ANSWER >> 20} MiB")
     if reply.status != 200:
         first = body[:200].decode("utf-8", "replace").strip()
         raise HamiTrioError(f"{address}{path} answered {reply.status}: {first}")

@@ -58,12 +58,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         f"{DEFAULT_DEBUG_BIND_ADDRESS})",
     )
     parser.add_argument("--namespace", help="only the containers of this namespace")
-    parser.add_argument("--pod", help="only the containers of this pod (with --namespace)")
+    parser.add_argument(
+        "--pod", help="only the containers of pods of this name (narrow with --namespace)"
+    )
     parser.add_argument(
         "--timeout",
         type=float,
         default=10.0,
         metavar="SECONDS",
-        help="for the whole request (default: %(default)s)",
+        help="for connecting and for each read of the answer (default: %(default)s)",
     )
     parser.set_defaults(func=_cmd_status)
