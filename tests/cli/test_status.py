@@ -11,6 +11,7 @@ import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -21,8 +22,14 @@ from tests.agent.test_service import debug_fixture
 from tests.broker.wire import blocking_exchange
 
 
+class Ports(NamedTuple):
+    metrics: int
+    debug: int
+
+
 @pytest.fixture
-def agent(hook: Path, mig_lock: Path, socket_path: Path) -> Iterator[tuple[AgentProcess, int]]:
+def agent(hook: Path, mig_lock: Path, socket_path: Path) -> Iterator[Ports]:
+    """The running agent's (metrics port, debug port)."""
     debug_fixture(hook)
     flags = [
         f"--hook-path={hook}",
@@ -34,18 +41,17 @@ def agent(hook: Path, mig_lock: Path, socket_path: Path) -> Iterator[tuple[Agent
         f"--broker-socket-path={socket_path}",
     ]
     with AgentProcess(flags, agent_env({"LIBVGPU_HOSTPID_BROKER": "1"})) as process:
-        process.wait_ready()
-        yield process, process.debug_port()
+        yield Ports(process.wait_ready(), process.debug_port())
         assert process.stop() == 0
 
 
 def test_status_prints_one_row_per_device_and_the_reasons(
-    agent: tuple[AgentProcess, int],
+    agent: Ports,
     hook: Path,
     socket_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    _, port = agent
+    port = agent.debug
     assert len(blocking_exchange(socket_path)) == 12
     assert main(["status", "--address", f"127.0.0.1:{port}"]) == 0
     out = capsys.readouterr().out
@@ -81,9 +87,9 @@ def test_status_prints_one_row_per_device_and_the_reasons(
 
 
 def test_status_json_is_the_agents_document(
-    agent: tuple[AgentProcess, int], capsys: pytest.CaptureFixture[str]
+    agent: Ports, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _, port = agent
+    port = agent.debug
     assert main(["status", "--json", "--address", f"127.0.0.1:{port}", "--pod", "pod-uid-1"]) == 0
     printed = json.loads(capsys.readouterr().out)
     status, body = http_get(port, "/debug/state?pod=pod-uid-1")
@@ -97,15 +103,25 @@ def test_status_json_is_the_agents_document(
 
 
 def test_status_finds_the_agent_through_its_variable(
-    agent: tuple[AgentProcess, int],
+    agent: Ports,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    _, port = agent
+    port = agent.debug
     # What kubectl exec inherits from the pod: the agent's own address, even a wildcard one.
     monkeypatch.setenv("HAMI_TRIO_DEBUG_BIND_ADDRESS", f":{port}")
     assert main(["status"]) == 0
     assert "-/pod-uid-1/main" in capsys.readouterr().out
+
+
+def test_status_against_the_metrics_port_says_what_it_got(
+    agent: Ports, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = agent.metrics
+    assert main(["status", "--address", f"127.0.0.1:{port}"]) == 1
+    assert capsys.readouterr().err == (
+        f"hami-trio status: 127.0.0.1:{port}/debug/state answered 404: not found\n"
+    )
 
 
 def test_status_without_an_agent_exits_1_naming_the_address(
