@@ -33,6 +33,7 @@ from hami_trio.monitor.lister import ContainerKey, ContainerState, ContainerStat
 from hami_trio.monitor.snapshot import UsageSnapshot, parse_region
 from hami_trio.pods.source import PodInfo, StaticPodSource
 from hami_trio.testing.regions import MemoryUse, ProcSlot, RegionSpec, UtilUse, build_region
+from tests.strategies.debug import container_states
 
 GPU_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 GPU_B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
@@ -340,3 +341,52 @@ def test_size_grows_with_the_caps_not_with_the_tenants(names: list[str], cap: in
     assert len(body) < 2048 + cap * 4096
     assert body.isascii()
     assert json.loads(body)["containers_shown"] == min(cap, len(names))
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (*_strings(k), *_strings(v))]
+    if isinstance(value, list):
+        return [s for item in value for s in _strings(item)]
+    return []
+
+
+@given(st.lists(container_states(), max_size=6), st.integers(min_value=1, max_value=4))
+def test_any_tick_gives_a_valid_bounded_document_that_says_what_the_files_say(
+    states: list[ContainerState], cap: int
+) -> None:
+    containers = {state.key: state for state in states}
+    limits = DebugLimits(containers=cap, processes=8, text=64)
+    # No pods given: every UID is its own pod (namespace ""), so the order is by UID.
+    doc = document(list(containers.values()), limits=limits, pod_source=StaticPodSource())
+    body = render(doc)
+    assert body.isascii()
+    parsed = json.loads(body)
+    for text in _strings(parsed):
+        text.encode("utf-8")  # strict: no lone surrogate, so any JSON reader takes it
+    assert parsed["containers_shown"] == len(parsed["containers"]) == min(cap, len(containers))
+    assert parsed["truncated"] == (len(containers) > cap)
+    assert len(body) < 4096 + cap * (16 * 300 + 8 * 60 + 8 * 200)
+    order = sorted(containers.values(), key=lambda c: (c.pod_uid, c.container_name, c.key.dirname))
+    for state, entry in zip(order, parsed["containers"], strict=False):
+        assert len(entry["container"]) <= 6 * 64 + 3  # cut, then surrogates spelled out
+        assert entry["status"] == state.status.value
+        snapshot = state.snapshot
+        if snapshot is None:
+            assert (entry["devices"], entry["processes"], entry["format"]) == ([], [], None)
+            continue
+        assert entry["format"] == snapshot.format.value
+        assert entry["priority"] == snapshot.priority
+        assert [(d["used_bytes"], d["limit_bytes"], d["sm_util"], d["core_limit"])
+                for d in entry["devices"]] == [
+            (d.memory_total, d.memory_limit, d.sm_util, d.sm_limit) for d in snapshot.devices
+        ]  # fmt: skip
+        assert entry["processes"] == [
+            {"pid": pid, "host_pid": host, "state": "unknown" if host == 0 else None}
+            for pid, host in list(zip(snapshot.pids, snapshot.host_pids, strict=True))[:8]
+        ]
+        assert entry["processes_total"] == len(snapshot.host_pids)
+        assert entry["processes_truncated"] == (len(snapshot.host_pids) > 8)
+        assert entry["process_states"]["unknown"] == snapshot.host_pids.count(0)
