@@ -99,6 +99,7 @@ PURE_CORES = frozenset(
         "hami_trio.pods.migalloc",
         "hami_trio.pods.allocated",
         "hami_trio.metrics.exportstate",
+        "hami_trio.agent.debug",
     }
 )
 

@@ -16,6 +16,7 @@ given" is visible); :func:`resolve_config` is pure and raises
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import socket
 from collections.abc import Callable, Mapping
@@ -48,6 +49,8 @@ from hami_trio.monitor.loop import (
 from hami_trio.pods.access import KubeAccess, validate_node_name
 
 __all__ = [
+    "DEBUG_OFF",
+    "DEFAULT_DEBUG_BIND_ADDRESS",
     "DEFAULT_METRICS_BIND_ADDRESS",
     "DEFAULT_SHUTDOWN_TIMEOUT",
     "SETTINGS",
@@ -62,6 +65,12 @@ __all__ = [
 
 #: HAMi vGPUmonitor's metrics address: every interface, port 9394.
 DEFAULT_METRICS_BIND_ADDRESS: Final = ":9394"
+#: The debug view's address: the loopback interface only (host PIDs and file paths are not
+#: for every pod to read); ``kubectl exec`` into the agent's pod reaches it.
+DEFAULT_DEBUG_BIND_ADDRESS: Final = "127.0.0.1:9395"
+#: The value of ``--debug-bind-address`` (or its variable) that turns the debug port off; an
+#: empty flag does too (an empty variable counts as unset, like every variable).
+DEBUG_OFF: Final = "off"
 #: How long a graceful stop may take before what is left is cancelled (seconds).  Well within
 #: the chart's 30 s termination grace period: the broker drains within its exchange deadline
 #: (0.5 s) and a monitor tick within its interval (5 s).
@@ -161,6 +170,15 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "HAMI_TRIO_METRICS_BIND_ADDRESS",
         "host:port of /metrics, /healthz and /readyz; ':9394' = every interface, port 0 = a "
         f"free port (default {DEFAULT_METRICS_BIND_ADDRESS})",
+        "ADDR",
+    ),
+    Setting(
+        "debug_bind_address",
+        "--debug-bind-address",
+        "HAMI_TRIO_DEBUG_BIND_ADDRESS",
+        "host:port of the debug view (/debug/state, read by hami-trio status); keep it on the "
+        f"loopback interface: it shows host PIDs and file paths; '{DEBUG_OFF}' (or an empty "
+        f"flag) turns it off (default {DEFAULT_DEBUG_BIND_ADDRESS})",
         "ADDR",
     ),
     Setting(
@@ -267,6 +285,7 @@ class AgentConfig:
         node_name: this node (validated when ``kubernetes`` is set; else only a label).
         kubernetes: how to reach the API server for the pod watch; None: ``--no-kubernetes``.
         metrics_bind: where ``/metrics``, ``/healthz`` and ``/readyz`` listen.
+        debug_bind: where the debug view listens; None: off.
         http_limits: what one client of that port may cost (connections, deadlines).
         legacy_metrics: also export HAMi's legacy names.
         pod_labels_allowlist: pod label keys exported on ``hami_trio_pod_labels``.
@@ -285,6 +304,9 @@ class AgentConfig:
     lock_parent_path: Path = Path(LOCK_PARENT)
     metrics_bind: BindAddress = field(
         default_factory=lambda: parse_bind_address(DEFAULT_METRICS_BIND_ADDRESS)
+    )
+    debug_bind: BindAddress | None = field(
+        default_factory=lambda: parse_bind_address(DEFAULT_DEBUG_BIND_ADDRESS)
     )
     http_limits: HttpLimits = field(default_factory=HttpLimits)
     legacy_metrics: bool = False
@@ -330,6 +352,7 @@ class AgentConfig:
             "mig_lock_path": str(self.monitor.mig_lock_path),
             "lock_parent_path": str(self.lock_parent_path),
             "metrics_bind_address": str(self.metrics_bind),
+            "debug_bind_address": None if self.debug_bind is None else str(self.debug_bind),
             "metrics_max_connections": self.http_limits.max_connections,
             "metrics_request_timeout_seconds": self.http_limits.request_timeout,
             "legacy_metrics": self.legacy_metrics,
@@ -432,6 +455,31 @@ def _resync_interval(reader: _Reader, warnings: list[str]) -> float:
     return value
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # "" (every interface) or a host name
+
+
+def _debug_bind(reader: _Reader, warnings: list[str]) -> BindAddress | None:
+    text, origin = reader.text("debug_bind_address")
+    if text is None:
+        return parse_bind_address(DEFAULT_DEBUG_BIND_ADDRESS)
+    if text in ("", DEBUG_OFF):
+        return None
+    bind = parse_bind_address(text, name=origin)
+    if not _loopback(bind.host):
+        warnings.append(
+            f"{origin}={text!r} is not a loopback address: whoever reaches it reads every "
+            "container's host PIDs and file paths (keep it on 127.0.0.1 unless a firewall "
+            "guards it)"
+        )
+    return bind
+
+
 def _broker(reader: _Reader, env: Mapping[str, str], warnings: list[str]) -> BrokerConfig | None:
     switch = env.get(BROKER_SWITCH_ENV)
     reader.sources["broker"] = BROKER_SWITCH_ENV if switch else "default"
@@ -527,6 +575,7 @@ def resolve_config(
     bind = parse_bind_address(
         DEFAULT_METRICS_BIND_ADDRESS if bind_text is None else bind_text, name=bind_origin
     )
+    debug_bind = _debug_bind(reader, warnings)
     max_text, max_origin = reader.text("metrics_max_connections")
     request_text, request_origin = reader.text("metrics_request_timeout")
     http_limits = HttpLimits(
@@ -587,6 +636,7 @@ def resolve_config(
         kubernetes=access,
         lock_parent_path=Path(LOCK_PARENT if parent_text is None else parent_text),
         metrics_bind=bind,
+        debug_bind=debug_bind,
         http_limits=http_limits,
         legacy_metrics=legacy,
         pod_labels_allowlist=allowlist,

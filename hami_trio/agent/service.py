@@ -1,4 +1,4 @@
-"""The agent: one trio nursery for the broker, the pod watch, the monitor and the endpoint.
+"""The agent: one trio nursery for the broker, the pod watch, the monitor and the endpoints.
 
 How this works: :func:`serve_agent` opens one nursery and starts the tasks of :data:`TASKS`
 with ``nursery.start()``, in that order, each only once the previous one is ready, then
@@ -10,6 +10,9 @@ plain exception - the task's own :class:`~hami_trio.errors.HamiTrioError` if it 
 it was ready, else :class:`~hami_trio.errors.AgentError` naming the task.
 :meth:`AgentHandle.request_stop` drains within ``shutdown_timeout``; :func:`run_agent` adds
 the signals (first drains, second cancels).  Tasks, readiness, stopping: docs/operations.md.
+The ``debug`` task serves the debug view (:mod:`hami_trio.agent.debug`) on its own loopback
+address; it is not a readiness check (a debug problem never takes ``/metrics`` out of the
+Service), but an address it cannot bind fails the start like the metrics port's.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -25,7 +29,19 @@ import trio
 from prometheus_client import CollectorRegistry
 
 from hami_trio._trio import STOP_SIGNALS, StartRecorder, leaf_errors, relay_signals, signal_name
+from hami_trio._version import __version__
 from hami_trio.agent.config import AgentConfig
+from hami_trio.agent.debug import (
+    PARTS,
+    BrokerSummary,
+    DebugExtras,
+    MonitorSummary,
+    PodWatchSummary,
+    Selection,
+    debug_state,
+    part,
+    render,
+)
 from hami_trio.broker.server import BrokerHandle
 from hami_trio.errors import AgentError, HamiTrioError
 from hami_trio.goparse import BindAddress
@@ -34,14 +50,26 @@ from hami_trio.pods.source import PodInfo, PodSource, StaticPodSource
 
 if TYPE_CHECKING:
     from hami_trio.metrics.hostgpu import NvmlLibrary
-    from hami_trio.metrics.http import ReadinessCheck
+    from hami_trio.metrics.http import ReadinessCheck, Route, RouteAnswer
+    from hami_trio.pods.watch import KubernetesPodSource
 
 __all__ = ["TASKS", "AgentHandle", "mig_dir_detached", "run_agent", "serve_agent"]
 
 logger = logging.getLogger("hami_trio.daemon")
 
 #: The agent's tasks in start order (``broker`` and ``pod-watch`` only when configured).
-TASKS: Final = ("broker", "pod-watch", "monitor", "lock-parent", "metrics", "nvml", "mig-mount")
+TASKS: Final = (
+    "broker",
+    "pod-watch",
+    "monitor",
+    "lock-parent",
+    "metrics",
+    "debug",
+    "nvml",
+    "mig-mount",
+)
+#: The content type of the debug view's answers.
+_JSON: Final = b"application/json"
 
 
 class _Starter(Protocol):
@@ -87,9 +115,12 @@ class AgentHandle:
     Everything here may be read from any task; :meth:`request_stop` returns at once.
     """
 
-    def __init__(self, agent: _Agent, metrics_address: BindAddress) -> None:
+    def __init__(
+        self, agent: _Agent, metrics_address: BindAddress, debug_address: BindAddress | None
+    ) -> None:
         self._agent = agent
         self._metrics_address = metrics_address
+        self._debug_address = debug_address
 
     @property
     def config(self) -> AgentConfig:
@@ -106,6 +137,15 @@ class AgentHandle:
         """Where ``/metrics``, ``/healthz`` and ``/readyz`` listen (the real port if 0 was
         asked for; host ``""`` means every interface)."""
         return self._metrics_address
+
+    @property
+    def debug_address(self) -> BindAddress | None:
+        """Where the debug view (``/debug/state``) listens; None when it is off."""
+        return self._debug_address
+
+    def debug_document(self, selection: Selection | None = None) -> dict[str, Any]:
+        """The debug view's document as of now (what ``/debug/state`` answers)."""
+        return self._agent.debug_document(selection or Selection())
 
     @property
     def broker(self) -> BrokerHandle | None:
@@ -212,6 +252,10 @@ class _Agent:
         self.broker: BrokerHandle | None = None
         self.monitor: Monitor | None = None
         self.pod_source: PodSource | None = None
+        self.pod_watch: KubernetesPodSource | None = None
+        # What the other parts add to each debug entry (process states, blocking, the
+        # allocation, the export decision); None parts are rendered as null.
+        self.debug_extras = DebugExtras()
         self.checks: dict[str, ReadinessCheck] = {}
         self.stopping = False
         self._stop = trio.Event()
@@ -262,7 +306,7 @@ class _Agent:
         from hami_trio.broker.server import serve_broker
         from hami_trio.metrics.collector import BuildInfoCollector, VGpuCollector
         from hami_trio.metrics.hostgpu import HostGpuSampler, serve_nvml_release
-        from hami_trio.metrics.http import progress_check, serve_http
+        from hami_trio.metrics.http import progress_check, serve_http, serve_routes
         from hami_trio.metrics.pods import PodCollector
 
         config = self.config
@@ -284,6 +328,7 @@ class _Agent:
                 self.supervise, "pod-watch", partial(serve_pod_watch, watch, config.kubernetes)
             )
             self.pod_source, all_pods = watch, watch.pods
+            self.pod_watch = watch
             self.checks["pod-watch"] = lambda: watch.ready
         else:
             self.pod_source = StaticPodSource()
@@ -339,6 +384,19 @@ class _Agent:
                 serve_http, config.metrics_bind, registry, self.checks, limits=config.http_limits
             ),
         )
+        debug_bound: BindAddress | None = None
+        if config.debug_bind is not None:
+            debug_bound = await nursery.start(
+                self.supervise,
+                "debug",
+                partial(
+                    serve_routes,
+                    config.debug_bind,
+                    self.debug_routes(),
+                    name="--debug-bind-address",
+                    limits=config.http_limits,
+                ),
+            )
         await nursery.start(
             self.supervise, "nvml", partial(serve_nvml_release, sampler, lambda: monitor.paused)
         )
@@ -354,25 +412,95 @@ class _Agent:
             if config.kubernetes is not None
             else "off (--no-kubernetes)"
         )
+        debug_text = "off" if debug_bound is None else str(debug_bound)
         logger.info(
-            "agent ready: broker %s, pod watch %s, monitor on %s, metrics on %s",
+            "agent ready: broker %s, pod watch %s, monitor on %s, metrics on %s, debug view %s",
             broker_text,
             pods_text,
             monitor_config.containers_dir,
             bound,
+            debug_text,
             extra={
                 "event": "ready",
                 "broker_socket": broker_text,
                 "pod_watch": pods_text,
                 "containers_dir": str(monitor_config.containers_dir),
                 "metrics_address": str(bound),
+                "debug_address": debug_text,
             },
         )
-        task_status.started(AgentHandle(self, bound))
+        task_status.started(AgentHandle(self, bound, debug_bound))
 
         await self._stop.wait()
         await self._drain()
         nursery.cancel_scope.cancel()
+
+    def debug_document(self, selection: Selection) -> dict[str, Any]:
+        """The debug view as of now; reads only immutable views (safe in a worker thread)."""
+        monitor, pod_source = self.monitor, self.pod_source
+        assert monitor is not None
+        assert pod_source is not None
+        problem = monitor.mig_lock_problem
+        watch = self.pod_watch
+        if watch is None:
+            pods = PodWatchSummary(
+                "static",
+                pod_source.ready,
+                pod_source.authoritative,
+                node_name=self.config.node_name,
+            )
+        else:
+            pods = PodWatchSummary(
+                "kubernetes",
+                watch.ready,
+                watch.authoritative,
+                pods=len(watch.pods()),
+                resource_version=watch.resource_version,
+                relists=watch.relists,
+                node_name=watch.node_name,
+            )
+        broker = self.broker
+        return debug_state(
+            monitor.containers(),
+            pod_source,
+            now=time.time(),
+            node_name=self.config.node_name,
+            version=__version__,
+            monitor=MonitorSummary(
+                containers_dir=str(monitor.config.containers_dir),
+                interval=monitor.config.interval,
+                ticks=monitor.ticks,
+                paused=monitor.paused,
+                mig_lock_problem=None if problem is None else problem.message,
+                removals_pending=monitor.lister.removals_pending,
+            ),
+            pods=pods,
+            broker=(
+                None
+                if broker is None
+                else BrokerSummary(
+                    str(broker.socket_path),
+                    {str(k): n for k, n in broker.stats.counts.items()},
+                    broker.in_flight,
+                )
+            ),
+            extras=self.debug_extras,
+            selection=selection,
+        )
+
+    def debug_routes(self) -> dict[str, Route]:
+        """``/debug/state`` (the whole document) and ``/debug/<part>`` for each part."""
+
+        def route(name: str | None) -> Route:
+            def answer(params: Mapping[str, list[str]]) -> RouteAnswer:
+                document = self.debug_document(Selection.from_query(params))
+                return 200, _JSON, render(document if name is None else part(document, name))
+
+            return answer
+
+        routes = {"/debug/state": route(None)}
+        routes |= {f"/debug/{name}": route(name) for name in PARTS}
+        return routes
 
     async def _drain(self) -> None:
         """Stop the broker and the monitor gracefully, within ``shutdown_timeout``."""

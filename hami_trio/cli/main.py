@@ -36,6 +36,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "hami_trio.cli.hostpid",
     "hami_trio.cli.allocate",
     "hami_trio.cli.monitor",
+    "hami_trio.cli.status",
     "hami_trio.cli.demo",
 )
 #: The module that registers each command (tests/cli/test_main.py checks it against the full
@@ -49,6 +50,7 @@ COMMANDS: Final[Mapping[str, str]] = {
     "allocate": "hami_trio.cli.allocate",
     "inspect": "hami_trio.cli.monitor",
     "monitor": "hami_trio.cli.monitor",
+    "status": "hami_trio.cli.status",
     "demo": "hami_trio.cli.demo",
 }
 

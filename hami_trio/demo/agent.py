@@ -50,6 +50,7 @@ def agent_flags(settings: AgentSettings) -> dict[str, str | bool]:
         "mig_lock_path": str(paths.mig_lock),
         "interval": f"{settings.interval:g}",
         "metrics_bind_address": str(settings.metrics_bind),
+        "debug_bind_address": str(settings.debug_bind),
     }
 
 
@@ -79,11 +80,13 @@ class DemoAgent:
         metrics_url: where its ``/metrics`` is (the real port when port 0 was asked for).
         command: the equivalent ``hami-trio run`` command line.
         request_stop: drain and stop it (the broker removes its socket).
+        debug_address: where its debug view listens (``hami-trio status --address``).
     """
 
     metrics_url: str
     command: str
     request_stop: Callable[[], None]
+    debug_address: BindAddress | None = None
 
 
 class _Relay:
@@ -97,7 +100,10 @@ class _Relay:
         handle = cast("AgentHandle", value)
         self._outer.started(
             DemoAgent(
-                _url(handle.metrics_address), agent_command(self._settings), handle.request_stop
+                _url(handle.metrics_address),
+                agent_command(self._settings),
+                handle.request_stop,
+                handle.debug_address,
             )
         )
 

@@ -91,6 +91,9 @@ class RunRecord:
     agent_error: str | None = None
     stray_processes: list[str] = field(default_factory=list)
     socket_left: bool = False
+    debug_address: str | None = None
+    status_table: list[str] = field(default_factory=list)
+    status_error: str | None = None
 
     def event(self, t: float, text: str) -> None:
         """Record one line of the story (``t`` in monotonic seconds)."""
@@ -320,6 +323,11 @@ def summarize(record: RunRecord) -> dict[str, Any]:
         "root": str(record.root),
         "sandbox": record.sandbox,
         "metrics_url": record.metrics_url,
+        "status": {
+            "debug_address": record.debug_address,
+            "table": list(record.status_table),
+            "error": record.status_error,
+        },
         "workloads": workloads,
         "blocking": blocking,
         "broker": _broker(record),
@@ -417,6 +425,15 @@ def render_summary(summary: dict[str, Any]) -> list[str]:
         lines.append(f"  [{mark}] {meaning}")
     if summary["interrupted"]:
         lines.append("  (interrupted: the run was cut short, so not every check could hold)")
+    status = summary.get("status") or {}
+    if status.get("table"):
+        lines += [
+            "",
+            f"hami-trio status --address {status['debug_address']}, at the end of the run:",
+            *(f"  {line}" if line else "" for line in status["table"]),
+        ]
+    elif status.get("error"):
+        lines += ["", f"hami-trio status at the end of the run failed: {status['error']}"]
     return lines
 
 

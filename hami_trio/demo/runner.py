@@ -25,12 +25,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Final, Protocol, TextIO
 
 import trio
 
 from hami_trio._trio import STOP_SIGNALS, StartRecorder, relay_signals, signal_name, sole_error
+from hami_trio.agent.status import fetch_state, format_status
 from hami_trio.demo.report import RunRecord, WorkloadRecord, render_summary, summarize
 from hami_trio.demo.sandbox import NOBODY, SANDBOX_CACHE_DIR
 from hami_trio.demo.scenario import (
@@ -93,6 +95,9 @@ class AgentSettings:
     interval: float
     metrics_bind: BindAddress
     log_file: Path
+    #: The debug view (``hami-trio status``); a free loopback port, never the default 9395
+    #: (a real agent on this machine may hold it).
+    debug_bind: BindAddress = field(default_factory=lambda: BindAddress("127.0.0.1", 0))
 
 
 class RunningAgent(Protocol):
@@ -105,6 +110,10 @@ class RunningAgent(Protocol):
     @property
     def command(self) -> str:
         """The equivalent ``hami-trio run`` command line (shown in the banner)."""
+
+    @property
+    def debug_address(self) -> BindAddress | None:
+        """Where its debug view listens (``hami-trio status --address``); None: off."""
 
     @property
     def request_stop(self) -> Callable[[], None]:
@@ -465,6 +474,27 @@ async def _agent(
         stopped.set()
 
 
+def status_command(address: BindAddress) -> str:
+    """The ``hami-trio status`` command line that reads the demo agent's debug view."""
+    return f"hami-trio status --address {address}"
+
+
+async def _status_table(record: RunRecord, address: BindAddress) -> None:
+    """Fetch the debug view over HTTP, as ``hami-trio status`` does, into the record.
+
+    A failure is recorded in the summary, never a check: the demo's exit status stays what
+    its checks say.
+    """
+    try:
+        document = await trio.to_thread.run_sync(
+            partial(fetch_state, address, timeout=SCRAPE_TIMEOUT)
+        )
+    except HamiTrioError as exc:
+        record.status_error = str(exc)
+        return
+    record.status_table = format_status(document).splitlines()
+
+
 async def _run(
     record: RunRecord,
     paths: DemoPaths,
@@ -496,17 +526,25 @@ async def _run(
                     _agent, serve_agent, settings, record, run, stopped
                 )
                 record.metrics_url = agent.metrics_url
+                debug = agent.debug_address
+                record.debug_address = None if debug is None else str(debug)
                 try:
-                    screen.print(
-                        [
-                            "agent ready, in this process; the same agent as:",
-                            f"  {agent.command}",
-                            f"agent metrics: {agent.metrics_url}",
-                        ]
-                    )
+                    banner = [
+                        "agent ready, in this process; the same agent as:",
+                        f"  {agent.command}",
+                        f"agent metrics: {agent.metrics_url}",
+                    ]
+                    if debug is not None:
+                        banner.append(
+                            f"why each container shows what it shows: {status_command(debug)}"
+                        )
+                    screen.print(banner)
                     with run:
                         async with _workloads(record, paths, options) as procs:
                             await _timeline(record, paths, procs, screen, agent.metrics_url)
+                            if debug is not None:
+                                # While the workloads still hold their slots: the closing table.
+                                await _status_table(record, debug)
                 finally:
                     agent.request_stop()
                     with trio.move_on_after(AGENT_STOP_TIMEOUT):

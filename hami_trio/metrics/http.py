@@ -1,4 +1,4 @@
-"""The agent's HTTP endpoint: ``/metrics``, ``/healthz`` and ``/readyz``.
+"""The agent's HTTP endpoints: ``/metrics``, ``/healthz``, ``/readyz`` - and the debug port.
 
 How this works: :func:`make_app` is a small ASGI application for the three paths, and
 :func:`serve_http` a small HTTP/1.1 server of our own (trio and h11) that runs it in the
@@ -10,6 +10,10 @@ negotiation, gzip, ``name[]``); ``/readyz`` runs the injected checks.  The socke
 here, Go ``net.Listen`` style, so a busy port fails start-up with an
 :class:`~hami_trio.errors.HttpServerError` before ``task_status.started()``.  Paths, limits and
 binding: docs/metrics.md.
+
+The same server runs a second, loopback-only instance for the debug view
+(:func:`serve_routes`): a table of paths to :data:`Route` callables, each rendered in a
+worker thread, with the same limits and deadlines and no registry (docs/debug.md).
 """
 
 from __future__ import annotations
@@ -44,12 +48,16 @@ __all__ = [
     "HttpLimits",
     "HttpStats",
     "ReadinessCheck",
+    "Route",
+    "RouteAnswer",
     "SelfRendering",
     "make_app",
+    "make_route_app",
     "open_listen_socket",
     "progress_check",
     "render_metrics",
     "serve_http",
+    "serve_routes",
 ]
 
 _log = logging.getLogger("hami_trio.monitor.http")  # the name in the logs (kept across moves)
@@ -62,6 +70,11 @@ _Receive = Callable[[], Awaitable[Mapping[str, Any]]]
 _Send = Callable[[Mapping[str, Any]], Awaitable[None]]
 #: An ASGI 3 application.
 ASGIApp = Callable[[_Scope, _Receive, _Send], Awaitable[None]]
+#: What a :data:`Route` answers: status, content type, body.
+RouteAnswer = tuple[int, bytes, bytes]
+#: One path of :func:`serve_routes`: the query parameters -> the answer.  Runs in a worker
+#: thread, so it must only read state that is safe to read from one (immutable views).
+Route = Callable[[Mapping[str, list[str]]], RouteAnswer]
 
 _TEXT: Final = b"text/plain; charset=utf-8"
 _EOF: Final = "# EOF\n"
@@ -378,6 +391,56 @@ def make_app(
     return app
 
 
+def make_route_app(routes: Mapping[str, Route], *, max_concurrent: int = 1) -> ASGIApp:
+    """The ASGI application of :func:`serve_routes`: ``GET``/``HEAD`` of a path in ``routes``.
+
+    Each answer is made by its route in a worker thread (at most ``max_concurrent`` at
+    once; more wait); a route that raises costs that request a 500, never the server.
+    ``/healthz`` answers ``ok`` unless a route of that name is given.
+    """
+    table = dict(routes)
+    limiter = trio.CapacityLimiter(max_concurrent)
+
+    async def respond(
+        send: _Send, status: int, content_type: bytes, body: bytes, head: bool
+    ) -> None:
+        headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+        if status == 405:
+            headers.append((b"allow", b"GET, HEAD"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if head else body})
+
+    async def app(scope: _Scope, receive: _Receive, send: _Send) -> None:
+        if scope["type"] != "http":
+            return  # our server sends HTTP scopes only
+        method = scope["method"]
+        head = method == "HEAD"
+        path = scope["path"]
+        route = table.get(path)
+        if route is None and path != "/healthz":
+            known = ", ".join(sorted({*table, "/healthz"}))
+            await respond(send, 404, _TEXT, f"not found; paths: {known}\n".encode(), head)
+            return
+        if method not in ("GET", "HEAD"):
+            await respond(send, 405, _TEXT, b"method not allowed\n", head)
+            return
+        if route is None:
+            await respond(send, 200, _TEXT, b"ok\n", head)
+            return
+        params = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        try:
+            status, content_type, body = await trio.to_thread.run_sync(
+                route, params, limiter=limiter
+            )
+        except Exception:
+            _log.exception("the debug route %s failed", path)
+            await respond(send, 500, _TEXT, b"internal error\n", head)
+            return
+        await respond(send, status, content_type, body, head)
+
+    return app
+
+
 def open_listen_socket(bind: BindAddress) -> socket.socket:
     """Create and bind (not listen) a TCP socket the way Go's ``net.Listen`` would.
 
@@ -434,7 +497,10 @@ class _Connection:
 class _Server:
     """The accept loop and the connections of one :func:`serve_http`."""
 
-    def __init__(self, app: ASGIApp, limits: HttpLimits, stats: HttpStats, bound: str) -> None:
+    def __init__(
+        self, app: ASGIApp, limits: HttpLimits, stats: HttpStats, bound: str, what: str = "metrics"
+    ) -> None:
+        self.what = what
         self.app = app
         self.limits = limits
         self.stats = stats
@@ -453,8 +519,9 @@ class _Server:
         if suppressed is None:
             return
         _log.warning(
-            "metrics port %s: %s connection from %s (%d in total, %d not logged since the "
+            "%s port %s: %s connection from %s (%d in total, %d not logged since the "
             "last; limits: %d connections, %gs per request, %gs for the request head)",
+            self.what,
             self.bound,
             outcome,
             peer,
@@ -741,5 +808,57 @@ async def serve_http(
                 task_status.started(bound)
         finally:
             registry.unregister(collector)
+    finally:
+        sock.close()
+
+
+async def serve_routes(
+    bind: BindAddress,
+    routes: Mapping[str, Route],
+    *,
+    name: str,
+    limits: HttpLimits | None = None,
+    stats: HttpStats | None = None,
+    task_status: trio.TaskStatus[BindAddress] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``routes`` (:func:`make_route_app`) on ``bind`` until cancelled: the debug port.
+
+    The same server as :func:`serve_http` (HTTP/1.1, connection cap, deadlines), another
+    socket, no registry: its connections are counted in ``stats`` only, not on ``/metrics``.
+
+    Args:
+        bind: the listen address.
+        routes: path -> :data:`Route`.
+        name: what configured the address (``--debug-bind-address``), for the error.
+        limits: what one client may cost (default :class:`HttpLimits`).
+        stats: where the counters go (tests read them); a new one by default.
+        task_status: ``started()`` receives the bound address once the socket listens.
+
+    Raises:
+        HttpServerError: the address cannot be bound; the message starts with ``name``
+            (raised before ``started()``).
+    """
+    limits = limits or HttpLimits()
+    stats = stats or HttpStats()
+    try:
+        sock = open_listen_socket(bind)
+    except HttpServerError as exc:
+        raise HttpServerError(f"{name} {bind}: {exc}") from exc.__cause__
+    try:
+        host, port = sock.getsockname()[:2]
+        bound = BindAddress(host=bind.host if bind.host == "" else host, port=port)
+        sock.listen(limits.backlog)
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        server = _Server(make_route_app(routes), limits, stats, str(bound), what="debug")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(server.accept_loop, listener, nursery)
+            _log.info(
+                "serving %s on %s (HTTP/1.1, at most %d connections, %gs per request)",
+                ", ".join(sorted(routes)),
+                bound,
+                limits.max_connections,
+                limits.request_timeout,
+            )
+            task_status.started(bound)
     finally:
         sock.close()

@@ -49,6 +49,8 @@ def agent_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
         and key.lower() not in ("http_proxy", "https_proxy", "all_proxy", "no_proxy")
         and key != "HOOK_PATH"
     }
+    # Tests run side by side: the debug view on a free port, not the fixed default.
+    env["HAMI_TRIO_DEBUG_BIND_ADDRESS"] = "127.0.0.1:0"
     env.update(extra or {})
     return env
 
@@ -140,11 +142,15 @@ class AgentProcess:
         python_args: Sequence[str] = ("-m", "hami_trio"),
     ) -> None:
         # prefix: a command the agent runs under (e.g. ``unshare ... sh -c 'mount ...; exec'``).
+        environment = dict(env or agent_env())
+        if not any(arg.startswith("--debug-bind-address") for arg in args) and not environment.get(
+            "HAMI_TRIO_DEBUG_BIND_ADDRESS"
+        ):
+            # Tests run side by side: a free port, not the fixed default.
+            args = [*args, "--debug-bind-address=127.0.0.1:0"]
         # python_args: how Python starts the command line (``-c CODE`` wraps it in a probe).
         argv = [*prefix, sys.executable, *python_args, "run", "--log-format=json", *args]
-        self.proc = subprocess.Popen(
-            argv, stderr=subprocess.PIPE, text=True, env=dict(env or agent_env())
-        )
+        self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=environment)
         self.lines: list[str] = []
         self._changed = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -203,6 +209,11 @@ class AgentProcess:
                 if left <= 0:
                     raise AssertionError(f"agent log has no such record:\n{self.output()}")
                 self._changed.wait(min(left, 0.1))
+
+    def debug_port(self, timeout: float = 30) -> int:
+        """Wait for the ``ready`` event; return the debug port it reports."""
+        record = self.wait_for(lambda r: r.get("event") == "ready", timeout)
+        return int(str(record["debug_address"]).rsplit(":", 1)[1])
 
     def wait_ready(self, timeout: float = 30) -> int:
         """Wait for the ``ready`` event; return the metrics port it reports."""

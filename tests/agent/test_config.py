@@ -65,6 +65,7 @@ def test_every_setting_reads_its_flag_then_its_variable() -> None:
         "mig_lock_path": "/m/lock",
         "lock_parent_path": "/l/vgpulock",
         "metrics_bind_address": "127.0.0.1:0",
+        "debug_bind_address": "[::1]:9500",
         "metrics_max_connections": "16",
         "metrics_request_timeout": "1500ms",
         "broker_socket_path": "/b/broker.sock",
@@ -88,6 +89,7 @@ def test_every_setting_reads_its_flag_then_its_variable() -> None:
         assert config.monitor.mig_lock_path == Path("/m/lock")
         assert config.lock_parent_path == Path("/l/vgpulock")
         assert config.metrics_bind == BindAddress("127.0.0.1", 0)
+        assert config.debug_bind == BindAddress("::1", 9500)
         assert config.http_limits.max_connections == 16
         assert config.http_limits.request_timeout == 1.5
         assert config.broker is not None
@@ -283,6 +285,29 @@ def test_to_json_shows_values_sources_and_warnings_but_no_secret() -> None:
     assert doc["metrics_bind_address"] == ":9394"
     assert doc["metrics_max_connections"] == 64
     assert doc["metrics_request_timeout_seconds"] == 10.0
+    assert doc["debug_bind_address"] == "127.0.0.1:9395"
+
+
+def test_debug_view_is_on_the_loopback_by_default_and_can_be_turned_off() -> None:
+    assert resolve("--no-kubernetes").debug_bind == BindAddress("127.0.0.1", 9395)
+    assert resolve("--no-kubernetes", "--debug-bind-address=").debug_bind is None
+    assert resolve("--no-kubernetes", "--debug-bind-address=off").debug_bind is None
+    off = resolve("--no-kubernetes", env={"HAMI_TRIO_DEBUG_BIND_ADDRESS": "off"})
+    assert (off.debug_bind, off.to_json()["debug_bind_address"]) == (None, None)
+    # An empty variable is unset, as for every variable: the default, not off.
+    empty = resolve("--no-kubernetes", env={"HAMI_TRIO_DEBUG_BIND_ADDRESS": ""})
+    assert empty.debug_bind == BindAddress("127.0.0.1", 9395)
+    for loopback in ("127.0.0.1:1", "127.8.0.1:1", "[::1]:1", "localhost:1"):
+        assert resolve("--no-kubernetes", f"--debug-bind-address={loopback}").warnings == ()
+    wide = resolve("--no-kubernetes", "--debug-bind-address=:9395")
+    assert wide.debug_bind == BindAddress("", 9395)
+    assert wide.warnings == (
+        "--debug-bind-address=':9395' is not a loopback address: whoever reaches it reads every "
+        "container's host PIDs and file paths (keep it on 127.0.0.1 unless a firewall guards it)",
+    )
+    assert len(resolve("--no-kubernetes", "--debug-bind-address=10.0.0.1:1").warnings) == 1
+    with pytest.raises(ConfigError, match=r"^HAMI_TRIO_DEBUG_BIND_ADDRESS: '9395' has no port"):
+        resolve("--no-kubernetes", env={"HAMI_TRIO_DEBUG_BIND_ADDRESS": "9395"})
 
 
 def test_metrics_limits_are_checked() -> None:

@@ -230,6 +230,7 @@ async def test_the_running_agent_shows_the_unsafe_lock_parent(
         f"--mig-lock-path={tmp_path / 'mig' / 'lock'}",
         f"--lock-parent-path={node.lock}",
         "--metrics-bind-address=127.0.0.1:0",
+        "--debug-bind-address=127.0.0.1:0",
         "--interval=0.05",
         "--no-kubernetes",
     ]

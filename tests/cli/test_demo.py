@@ -128,6 +128,26 @@ def test_short_demo_passes_every_check_and_leaves_nothing(tmp_path: Path) -> Non
     assert not (root / "hami" / "hami-mig-apply.lock").exists()
     assert "Summary" in output
 
+    # The closing table came from the agent's debug view over HTTP, as hami-trio status reads
+    # it: one row per workload, with what its region says.
+    status = summary["status"]
+    assert status["error"] is None
+    command = f"hami-trio status --address {status['debug_address']}"
+    assert f"why each container shows what it shows: {command}" in output
+    rows = {
+        line.split()[0].rsplit("/", 1)[1]: line.split()
+        for line in status["table"]
+        if line.startswith("-/")
+    }
+    assert sorted(rows) == sorted(names)
+    specs = {spec.name: spec for spec in default_workloads(3)}
+    for name, row in rows.items():
+        assert row[1] == "v1"
+        assert row[3].endswith(f"/{specs[name].memory_limit >> 20}"), row
+        assert row[6] == str(specs[name].priority)
+        assert row[-1] == "loaded"
+    assert f"hami-trio status --address {status['debug_address']}, at the end of the run:" in output
+
 
 @pytest.mark.slow
 def test_ctrl_c_stops_everything_cleanly() -> None:

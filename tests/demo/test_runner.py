@@ -17,6 +17,7 @@ from hami_trio.errors import AgentError, BrokerStartupError
 class _FakeAgent:
     metrics_url = "http://127.0.0.1:9/metrics"  # nothing listens: every scrape fails
     command = "fake"
+    debug_address = None
 
     def __init__(self) -> None:
         self.stop = trio.Event()

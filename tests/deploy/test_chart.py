@@ -26,6 +26,7 @@ import trio
 import hami_trio
 from hami_trio.agent.config import resolve_config
 from hami_trio.cli.main import build_parser
+from hami_trio.goparse import BindAddress
 from hami_trio.metrics.pods import parse_label_allowlist
 from hami_trio.pods.access import KubeAccess
 from tests.pods.fake_kube import FakeKubeApi
@@ -88,6 +89,7 @@ AGENT_ENV = frozenset(
         "LIBVGPU_HOSTPID_BROKER",
         "NVIDIA_VISIBLE_DEVICES",
         "NVIDIA_DRIVER_CAPABILITIES",
+        "HAMI_TRIO_DEBUG_BIND_ADDRESS",
     }
 )
 
@@ -333,6 +335,7 @@ def test_agent_command_flags_and_environment(chart: Any) -> None:
     assert env["HOOK_PATH"]["value"] == "/usr/local/vgpu"
     assert env["HAMI_RESYNC_INTERVAL"]["value"] == "5m"
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert env["HAMI_TRIO_DEBUG_BIND_ADDRESS"]["value"] == "127.0.0.1:9395"
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -355,6 +358,7 @@ def test_only_flags_and_env_the_agent_knows(chart: Any, scenario: str) -> None:
     config = resolve_config(args, env)
     assert config.warnings == ()
     assert config.node_name == "node-a"
+    assert config.debug_bind == BindAddress("127.0.0.1", 9395)
     assert config.kubernetes is not None
     broker_on = SCENARIOS[scenario].get("devicePlugin", {}).get("hostPIDBroker", {})
     if broker_on.get("enabled"):
@@ -547,6 +551,12 @@ def test_service_monitor_shape(chart: Any) -> None:
         ({"networkPolicy": {"enabled": "yes"}}, "/networkPolicy/enabled"),
         ({"networkPolicy": {"enabled": False, "scraper": {"pods": {}}}}, "pods"),
         ({"extraArgs": ["run"]}, "/extraArgs/0"),
+        # The debug view shows host PIDs and file paths: the pod's loopback only.
+        ({"debug": {"bindAddress": "0.0.0.0:9395"}}, "/debug/bindAddress"),
+        ({"debug": {"bindAddress": ":9395"}}, "/debug/bindAddress"),
+        ({"debug": {"bindAddress": "10.0.0.7:9395"}}, "/debug/bindAddress"),
+        ({"debug": {"bindAddress": "127.0.0.1:80"}}, "/debug/bindAddress"),
+        ({"debug": {"bindAddress": "127.0.0.1:9395 "}}, "/debug/bindAddress"),
         ({"devicePlugn": {}}, "devicePlugn"),
     ],
 )
@@ -568,6 +578,11 @@ SMUGGLED: list[tuple[dict[str, Any], str]] = [
     ({"extraArgs": ["--hook-path=/x"]}, "pass --hook-path"),
     ({"extraArgs": ["--node-name=other"]}, "pass --node-name"),
     ({"extraArgs": ["--resync-interval=1m"]}, "pass --resync-interval"),
+    ({"extraArgs": ["--debug-bind-address=:9395"]}, "pass --debug-bind-address"),
+    (
+        {"extraEnv": [{"name": "HAMI_TRIO_DEBUG_BIND_ADDRESS", "value": ":9395"}]},
+        "set HAMI_TRIO_DEBUG_BIND_ADDRESS",
+    ),
 ]
 
 
@@ -587,6 +602,43 @@ def test_mig_lock_path_with_dot_dot_is_refused(chart: Any) -> None:
 
 
 # --- the NetworkPolicy ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        ("127.0.0.1:9500", BindAddress("127.0.0.1", 9500)),
+        ("[::1]:9395", BindAddress("::1", 9395)),
+        ("", None),
+    ],
+)
+def test_debug_view_stays_in_the_pod(
+    chart: Any, address: str, expected: BindAddress | None
+) -> None:
+    scraper = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "obs"}}}
+    by_kind = render(
+        chart,
+        {"debug": {"bindAddress": address}, "networkPolicy": {"enabled": True, "scraper": scraper}},
+    )
+    container = agent(by_kind)
+    value = env_of(container)["HAMI_TRIO_DEBUG_BIND_ADDRESS"]["value"]
+    assert value == (address or "off")
+    env = {"HOOK_PATH": "/h", "HAMI_TRIO_DEBUG_BIND_ADDRESS": value}
+    assert resolve_config(
+        build_parser().parse_args(["run", "--no-kubernetes"]), env
+    ).debug_bind == (expected)
+    assert ("-- hami-trio status" in notes(chart, {"debug": {"bindAddress": address}})) == bool(
+        address
+    )
+    # Only the metrics port leaves the pod: no container port, Service port or policy rule.
+    assert [port["name"] for port in container["ports"]] == ["metrics"]
+    assert [port["name"] for port in only(by_kind, "Service")["spec"]["ports"]] == ["metrics"]
+    rules = only(by_kind, "NetworkPolicy")["spec"]["ingress"]
+    assert [port["port"] for rule in rules for port in rule["ports"]] == ["metrics"]
+    assert only(by_kind, "DaemonSet")["spec"]["template"]["spec"].get("hostNetwork") in (
+        None,
+        False,
+    )  # with the host's network, 127.0.0.1 would be the node's loopback
 
 
 def test_network_policy_is_off_by_default(chart: Any) -> None:

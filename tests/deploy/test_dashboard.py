@@ -139,6 +139,7 @@ async def _scrape_running_agent(base: Path) -> str:
             f"--mig-lock-path={base / 'mig' / 'lock'}",
             f"--broker-socket-path={base / 'hostpid' / 'broker.sock'}",
             "--metrics-bind-address=127.0.0.1:0",
+            "--debug-bind-address=127.0.0.1:0",
             "--interval=0.05",
         ]
         env = {

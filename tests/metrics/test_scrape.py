@@ -414,6 +414,7 @@ def _monitor_command(hook: Path, *extra: str) -> list[str]:
         "0.1",
         "--mig-lock-path",
         str(hook.parent / "mig" / "lock"),
+        "--debug-bind-address=127.0.0.1:0",
         *extra,
     ]
 

@@ -438,6 +438,7 @@ async def test_readiness_says_why_without_making_the_agent_unready(
         f"--mig-lock-path={directory / 'hami-mig-apply.lock'}",
         f"--lock-parent-path={shared_tmp / 'vgpulock'}",
         "--metrics-bind-address=127.0.0.1:0",
+        "--debug-bind-address=127.0.0.1:0",
         "--interval=0.05",
         "--no-kubernetes",
     ]

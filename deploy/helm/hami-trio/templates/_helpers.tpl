@@ -101,17 +101,17 @@ failing check stops the whole rendering (helm install / upgrade / template).
 {{- fail "networkPolicy.enabled=true needs networkPolicy.scraper.namespaceSelector or networkPolicy.scraper.podSelector: with both empty every pod in every namespace could reach the metrics port, which is what the policy is for preventing" }}
 {{- end }}
 {{- end }}
-{{- $managedEnv := list "LIBVGPU_HOSTPID_BROKER" "HOOK_PATH" "NODE_NAME" "HAMI_RESYNC_INTERVAL" "NVIDIA_VISIBLE_DEVICES" }}
+{{- $managedEnv := list "LIBVGPU_HOSTPID_BROKER" "HOOK_PATH" "NODE_NAME" "HAMI_RESYNC_INTERVAL" "NVIDIA_VISIBLE_DEVICES" "HAMI_TRIO_DEBUG_BIND_ADDRESS" }}
 {{- range .Values.extraEnv }}
 {{- if has .name $managedEnv }}
-{{- fail (printf "extraEnv must not set %s: the chart manages it (see devicePlugin.hostPIDBroker.enabled, hookPath, resyncInterval, nvidiaVisibleDevices)" .name) }}
+{{- fail (printf "extraEnv must not set %s: the chart manages it (see devicePlugin.hostPIDBroker.enabled, hookPath, resyncInterval, nvidiaVisibleDevices, debug.bindAddress)" .name) }}
 {{- end }}
 {{- end }}
-{{- $managedFlags := list "--metrics-bind-address" "--legacy-metrics" "--log-format" "--log-level" "--broker-socket-path" "--broker-lock-path" "--mig-lock-path" "--hook-path" "--node-name" "--resync-interval" }}
+{{- $managedFlags := list "--metrics-bind-address" "--legacy-metrics" "--log-format" "--log-level" "--broker-socket-path" "--broker-lock-path" "--mig-lock-path" "--hook-path" "--node-name" "--resync-interval" "--debug-bind-address" }}
 {{- range .Values.extraArgs }}
 {{- $flag := first (splitList "=" (toString .)) }}
 {{- if has $flag $managedFlags }}
-{{- fail (printf "extraArgs must not pass %s: the chart manages it (see metrics, log, migLockPath, hookPath, resyncInterval, devicePlugin.hostPIDBroker.enabled)" $flag) }}
+{{- fail (printf "extraArgs must not pass %s: the chart manages it (see metrics, debug, log, migLockPath, hookPath, resyncInterval, devicePlugin.hostPIDBroker.enabled)" $flag) }}
 {{- end }}
 {{- end }}
 {{- end }}

@@ -1,0 +1,142 @@
+"""``hami-trio status`` against a real ``hami-trio run``: the table, ``--json``, the address.
+
+The agent is the real command in a child process (tests/agent/agent.py) with the broker on
+and three container directories written by ``testing.regions``; ``status`` talks to its
+debug port over real HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from hami_trio.agent.debug import SCHEMA
+from hami_trio.cli.main import main
+from tests.agent.agent import AgentProcess, agent_env, http_get
+from tests.agent.test_service import debug_fixture
+from tests.broker.wire import blocking_exchange
+
+
+class Ports(NamedTuple):
+    metrics: int
+    debug: int
+
+
+@pytest.fixture
+def agent(hook: Path, mig_lock: Path, socket_path: Path) -> Iterator[Ports]:
+    """The running agent's (metrics port, debug port)."""
+    debug_fixture(hook)
+    flags = [
+        f"--hook-path={hook}",
+        f"--mig-lock-path={mig_lock}",
+        "--metrics-bind-address=127.0.0.1:0",
+        "--debug-bind-address=127.0.0.1:0",
+        "--interval=0.05",
+        "--no-kubernetes",
+        f"--broker-socket-path={socket_path}",
+    ]
+    with AgentProcess(flags, agent_env({"LIBVGPU_HOSTPID_BROKER": "1"})) as process:
+        yield Ports(process.wait_ready(), process.debug_port())
+        assert process.stop() == 0
+
+
+def test_status_prints_one_row_per_device_and_the_reasons(
+    agent: Ports,
+    hook: Path,
+    socket_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    port = agent.debug
+    assert len(blocking_exchange(socket_path)) == 12
+    assert main(["status", "--address", f"127.0.0.1:{port}"]) == 0
+    out = capsys.readouterr().out
+    head, _, table = out.partition("\n\n")
+    lines = head.splitlines()
+    assert lines[1].startswith("monitor: ")
+    assert lines[1].endswith(
+        "ticks every 0.05s, running; 3 container directories (loaded 1, no_cache_file 1, "
+        f"rejected 1) in {hook / 'containers'}"
+    )
+    assert lines[2] == "pods: no Kubernetes (--no-kubernetes): every directory is its own pod"
+    assert lines[3] == f"broker: {socket_path}: 1 exchanges (ok 1), 0 in flight"
+    rows = table.splitlines()
+    assert rows[0].split() == [
+        "CONTAINER", "FORMAT", "DEV", "USED/LIMIT", "MiB", "SM%", "CORE%", "PRIO", "BLOCKED",
+        "PROCS", "run/exit/unk", "ALLOCATED", "EXPORT",
+    ]  # fmt: skip
+    # used = 1 GiB + 2 MiB of the two slots; limit 8 GiB; sm_util 30; sm_limit 50; priority 0
+    assert rows[1].split() == [
+        "-/pod-uid-1/main", "v1", "0", "1026/8192", "30", "50", "0", "?", "?/?/1", "?", "loaded",
+    ]  # fmt: skip
+    assert rows[2].strip().startswith("1 process(es) with host PID 0: HAMi-core never learned")
+    assert rows[3].split() == ["-/pod-uid-2/side", "?", "-", "-", "-", "-", "?", "?", "-", "?",
+                               "rejected"]  # fmt: skip
+    side = hook / "containers" / "pod-uid-2_side" / "x.cache"
+    assert (
+        rows[4].strip() == f"rejected (too_small): {side}: cache file size 4 too small (< 12 bytes)"
+    )
+    assert rows[5].split()[0] == "-/pod-uid-3/idle"
+    assert rows[5].split()[-1] == "no_cache_file"
+    assert rows[6].strip().startswith("no .cache file yet")
+    assert len(rows) == 7
+
+
+def test_status_json_is_the_agents_document(
+    agent: Ports, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = agent.debug
+    assert main(["status", "--json", "--address", f"127.0.0.1:{port}", "--pod", "pod-uid-1"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    status, body = http_get(port, "/debug/state?pod=pod-uid-1")
+    served = json.loads(body)
+    assert (status, printed["schema"]) == (200, SCHEMA)
+    for doc in (printed, served):  # taken a moment apart
+        doc.pop("generated_at")
+        doc["monitor"].pop("ticks")
+    assert printed == served
+    assert [e["container"] for e in printed["containers"]] == ["main"]
+
+
+def test_status_finds_the_agent_through_its_variable(
+    agent: Ports,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = agent.debug
+    # What kubectl exec inherits from the pod: the agent's own address, even a wildcard one.
+    monkeypatch.setenv("HAMI_TRIO_DEBUG_BIND_ADDRESS", f":{port}")
+    assert main(["status"]) == 0
+    assert "-/pod-uid-1/main" in capsys.readouterr().out
+
+
+def test_status_against_the_metrics_port_says_what_it_got(
+    agent: Ports, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = agent.metrics
+    assert main(["status", "--address", f"127.0.0.1:{port}"]) == 1
+    assert capsys.readouterr().err == (
+        f"hami-trio status: 127.0.0.1:{port}/debug/state answered 404: not found\n"
+    )
+
+
+def test_status_without_an_agent_exits_1_naming_the_address(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, never listening: connections are refused
+        assert main(["status", "--address", f"127.0.0.1:{port}"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"hami-trio status: cannot reach the agent's debug view at 127.0.0.1:{port}"
+    )
+    monkeypatch.setenv("HAMI_TRIO_DEBUG_BIND_ADDRESS", "off")
+    assert main(["status"]) == 2
+    assert "the agent's debug view is off" in capsys.readouterr().err
+    assert main(["status", "--address", "nope"]) == 2
+    assert main(["status", "--timeout", "0"]) == 2
