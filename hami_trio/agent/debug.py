@@ -24,7 +24,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol
 
+from hami_trio.metrics.exportstate import export_state
 from hami_trio.monitor.snapshot import UsageSnapshot
+from hami_trio.pods.allocated import (
+    ALLOCATED_ANNOTATION,
+    AllocatedAnnotationError,
+    AllocatedDevice,
+    allocated_containers,
+    decode_allocated,
+)
 from hami_trio.pods.source import PodInfo, PodSource
 
 __all__ = [
@@ -43,8 +51,10 @@ __all__ = [
     "PodWatchSummary",
     "ProcessState",
     "Selection",
+    "allocation_of",
     "container_entry",
     "debug_state",
+    "export_of",
     "part",
     "render",
 ]
@@ -560,3 +570,32 @@ def render(document: Mapping[str, Any]) -> bytes:
     """
     doc = json.dumps(document, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
     return (doc + "\n").encode()
+
+
+def allocation_of(pod: PodInfo, container: str) -> tuple[AllocatedDevice, ...] | None:
+    """The devices ``hami.io/vgpu-devices-allocated`` gives ``container`` of ``pod``, in
+    vdevice order; None when the pod has no allocation for it or the annotation is refused
+    (the refusal is counted and logged by the pod collector, not here)."""
+    raw = pod.annotations.get(ALLOCATED_ANNOTATION)
+    if not raw:
+        return None
+    try:
+        entries = decode_allocated(raw)
+    except AllocatedAnnotationError:
+        return None
+    named, _ = allocated_containers(pod.init_containers, pod.containers, entries)
+    mine = tuple(entry.device for entry in named if entry.container == container)
+    return mine or None
+
+
+def export_of(
+    *, node_name: str, kubernetes: bool, paused: Callable[[], bool]
+) -> Callable[[Any, PodInfo | None], ExportView]:
+    """The ``export`` extra: the collector's own decision (``export_state``) per container."""
+
+    def decide(container: Any, pod: PodInfo | None) -> ExportView:
+        return export_state(
+            container, pod, node_name=node_name, kubernetes=kubernetes, paused=paused()
+        )
+
+    return decide

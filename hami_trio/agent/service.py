@@ -38,7 +38,9 @@ from hami_trio.agent.debug import (
     MonitorSummary,
     PodWatchSummary,
     Selection,
+    allocation_of,
     debug_state,
+    export_of,
     part,
     render,
 )
@@ -334,6 +336,14 @@ class _Agent:
             self.pod_source = StaticPodSource()
         monitor = Monitor(config.monitor, pod_source=self.pod_source, registry=registry)
         self.monitor = monitor
+        self.debug_extras = DebugExtras(
+            allocation=allocation_of,
+            export=export_of(
+                node_name=config.node_name,
+                kubernetes=config.kubernetes is not None,
+                paused=lambda: monitor.paused,
+            ),
+        )
         sampler = HostGpuSampler(nvml)
         vgpu = VGpuCollector(
             monitor,

@@ -664,9 +664,11 @@ async def test_debug_view_serves_what_the_files_say_on_its_own_port(
                 {"pid": 11, "host_pid": 0, "state": "unknown"},
             ]
             assert main["process_states"] == {"running": None, "exited": None, "unknown": 1}
-            # Not wired yet: rendered as null, the keys are there.
-            assert [main[k] for k in ("blocked", "blocked_since", "allocated")] == [None] * 3
-            assert main["export"] == {"state": None, "reason": None}
+            # Without Kubernetes there is no allocation annotation to read.
+            assert main["allocated"] is None
+            assert main["export"]["state"] == "exported"
+            assert by_dir["pod-uid-2_side"]["export"]["state"] == "rejected"
+            assert by_dir["pod-uid-3_idle"]["export"]["state"] == "no_cache_file"
             side = by_dir["pod-uid-2_side"]
             assert side["rejection"]["reason"] == "too_small"
             assert by_dir["pod-uid-3_idle"]["status"] == "no_cache_file"
@@ -725,7 +727,14 @@ async def test_debug_view_names_pods_from_the_api_server_and_why_others_are_unkn
     async with trio.open_nursery() as nursery:
         fake = FakeKubeApi()
         await nursery.start(fake.serve)
-        uid = fake.add_pod("trainer-0", namespace="team-a", labels={"hami.io/vgpu-node": "node-a"})
+        uid = fake.add_pod(
+            "trainer-0",
+            namespace="team-a",
+            labels={"hami.io/vgpu-node": "node-a"},
+            init_containers=("setup",),
+            # init container first (none for it), then main: one device of 3 GiB, 40 %
+            annotations={ALLOCATED_ANNOTATION: f";{GPU},NVIDIA,3072,40:;"},
+        )
         add_container(hook, uid, "main")
         add_container(hook, "not-on-this-node", "main")
         env = {
@@ -745,6 +754,13 @@ async def test_debug_view_names_pods_from_the_api_server_and_why_others_are_unkn
         known, unknown = doc["containers"]  # known pods first
         assert (known["namespace"], known["pod"], known["pod_uid"]) == ("team-a", "trainer-0", uid)
         assert known["identity"] == {"known": True, "reason": None}
+        assert known["allocated"] == {
+            "devices": [{"uuid": GPU, "type": "NVIDIA", "memory_mib": 3072, "cores": 40}],
+            "truncated": False,
+        }
+        assert known["export"]["state"] == "exported"
+        assert unknown["allocated"] is None
+        assert unknown["export"]["state"] == "no_pod"
         assert (unknown["namespace"], unknown["pod"]) == (None, None)
         assert unknown["identity"] == {
             "known": False,
