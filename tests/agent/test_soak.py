@@ -333,7 +333,12 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
                 round_ += 1
                 await trio.sleep(0.3)
             with trio.fail_after(60):
-                out = await tenant.stdout.receive_some(1 << 20) if tenant.stdout else b""
+                out = b""
+                while tenant.stdout is not None:  # to EOF: one read may return a part
+                    chunk = await tenant.stdout.receive_some(1 << 20)
+                    if not chunk:
+                        break
+                    out += chunk
                 await tenant.wait()
         finally:
             if tenant.returncode is None:
