@@ -296,6 +296,7 @@ class _Agent:
                 all_pods=all_pods,
                 host=sampler,
                 legacy=config.legacy_metrics,
+                insights=monitor.insights,
             )
         )
         # A tick may take up to its deadline; three intervals without one is a stall.

@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 
 from hami_trio._version import __version__
 from hami_trio.logs import RateLimiter
-from hami_trio.metrics.exposition import FastGauge, render_labels
+from hami_trio.metrics.exposition import FastCounter, FastGauge, render_labels
 from hami_trio.metrics.hostgpu import HostGpuSampler, host_gpu_families
 from hami_trio.pods.migalloc import (
     MIG_ALLOCATIONS_ANNOTATION,
@@ -46,6 +46,7 @@ __all__ = [
     "BuildInfoCollector",
     "ContainerView",
     "DeviceView",
+    "InsightView",
     "MonitorView",
     "SnapshotView",
     "VGpuCollector",
@@ -136,7 +137,46 @@ class MonitorView(Protocol):
         ...
 
 
+class ProcessCountsView(Protocol):
+    """A container's live slots by process state."""
+
+    def by_state(self) -> Iterable[tuple[str, int]]:
+        """``(state, count)`` for ``running``, ``exited`` and ``unknown``."""
+        ...
+
+
+class BlockView(Protocol):
+    """A container's priority-blocking counters."""
+
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def blocks(self) -> int: ...
+
+
+class InsightView(Protocol):
+    """What the monitor derived for one container in its latest tick (its ``insights()``)."""
+
+    @property
+    def processes(self) -> ProcessCountsView: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def utilization_switch(self) -> int: ...
+    @property
+    def block(self) -> BlockView: ...
+    @property
+    def core_limits(self) -> Sequence[int]: ...
+    @property
+    def device_processes(self) -> Sequence[int]: ...
+    @property
+    def devices(self) -> Sequence[DeviceView] | None:
+        """The sums without exited slots (``--exclude-exited-processes``), or None."""
+        ...
+
+
 _CONTAINER_LABELS: Final = ("namespace", "pod", "container", "vdevice_index", "device_uuid")
+_OWNER_LABELS: Final = ("namespace", "pod", "container")
 _LEGACY_LABELS: Final = ("podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid")
 _MIG_LABELS: Final = (
     *_CONTAINER_LABELS,
@@ -187,7 +227,7 @@ class _Families:
 
     def __init__(self, legacy: bool, labels: _LabelCache) -> None:
         self._labels = labels
-        self._rows: list[list[tuple[tuple[str, ...], str, int]]] | None = None
+        self._rows: list[list[tuple[tuple[str, ...], str, float]]] | None = None
         self.devices = 0
         new = (*_CONTAINER_LABELS, "zone")
 
@@ -225,6 +265,7 @@ class _Families:
             "1 while the monitor blocks the container's kernel launches (recent_kernel < 0)",
             ("namespace", "pod", "container"),
         )
+        self._insight_families()
         self.legacy = legacy
         old = (*_LEGACY_LABELS, "zone")
         self.legacy_used = gauge("vGPU_device_memory_usage_in_bytes", "vGPU device usage", old)
@@ -246,15 +287,17 @@ class _Families:
             (*_LEGACY_LABELS, "instanceid", "zone"),
         )
 
-    def every(self) -> list[FastGauge]:
+    def every(self) -> list[FastGauge | FastCounter]:
         """Every family of the scrape, legacy ones included."""
-        return [value for value in vars(self).values() if isinstance(value, FastGauge)]
+        return [
+            value for value in vars(self).values() if isinstance(value, FastGauge | FastCounter)
+        ]
 
     def checkpoint(self) -> list[int]:
         """The current length of every family (see :meth:`rollback`); cheap, once per
         container."""
         if self._rows is None:
-            self._rows = [family._rows for family in self.every()]
+            self._rows = [family._rows for family in self.every()]  # type: ignore[misc]
         return list(map(len, self._rows))
 
     def rollback(self, checkpoint: list[int]) -> None:
@@ -285,6 +328,83 @@ class _Families:
                 self.legacy_mig,
             ]
         return families
+
+    # -- the monitor's insight per container (processes, limits, feedback state) ---------
+
+    def _insight_families(self) -> None:
+        owner, device = _OWNER_LABELS, _CONTAINER_LABELS
+        self.processes = FastGauge(
+            "hami_trio_container_processes",
+            "Live process slots of the container by state: running (host PID alive), exited "
+            "(host PID set, no such process; still in upstream's sums), unknown (host PID 0)",
+            (*owner, "state"),
+        )
+        self.device_processes = FastGauge(
+            "hami_trio_container_device_processes",
+            "Live process slots of the container using this device (memory or SM use not 0)",
+            device,
+        )
+        self.core_limit = FastGauge(
+            "hami_trio_container_core_limit_ratio",
+            "The container's SM limit on this device in percent (sm_limit; 0: no limit)",
+            device,
+        )
+        self.priority = FastGauge(
+            "hami_trio_container_priority",
+            "The container's task priority (CUDA_TASK_PRIORITY; lower is more important)",
+            owner,
+        )
+        self.utilization_switch = FastGauge(
+            "hami_trio_container_utilization_switch",
+            "The utilization_switch word after the latest tick (1: SM limit enforced)",
+            owner,
+        )
+        self.blocked_seconds = FastCounter(
+            "hami_trio_container_blocked_seconds",
+            "Seconds the monitor's priority blocking held the container (tick resolution)",
+            owner,
+        )
+        self.blocks = FastCounter(
+            "hami_trio_container_blocks",
+            "Times the monitor's priority blocking started holding the container",
+            owner,
+        )
+
+    def insight_families(self) -> list[FastGauge | FastCounter]:
+        """The families filled by :meth:`add_insight`."""
+        return [
+            self.processes,
+            self.device_processes,
+            self.core_limit,
+            self.priority,
+            self.utilization_switch,
+            self.blocked_seconds,
+            self.blocks,
+        ]
+
+    def add_insight(
+        self,
+        owner: tuple[str, str, str],
+        rendered_owner: str,
+        insight: InsightView,
+        devices: Sequence[tuple[tuple[str, ...], int]],
+    ) -> None:
+        """The insight rows of one container; ``devices`` = (label values, device index) of
+        each device upstream's rows were exported for."""
+        base = rendered_owner[:-1]
+        for state, count in insight.processes.by_state():
+            self.processes.add((*owner, str(state)), f'{base},state="{state}"}}', count)
+        self.priority.add(owner, rendered_owner, insight.priority)
+        self.utilization_switch.add(owner, rendered_owner, insight.utilization_switch)
+        self.blocked_seconds.add(owner, rendered_owner, insight.block.seconds)
+        self.blocks.add(owner, rendered_owner, insight.block.blocks)
+        limits, users = insight.core_limits, insight.device_processes
+        for ids, index in devices:
+            rendered = self._labels.get(ids)[0][: -len(_ZONE_SUFFIX)] + "}"
+            if index < len(users):
+                self.device_processes.add(ids, rendered, users[index])
+            if index < len(limits):
+                self.core_limit.add(ids, rendered, limits[index])
 
     def add_device(self, ids: tuple[str, ...], device: DeviceView, elapsed: int | None) -> None:
         """All rows of one device; ``ids`` = (namespace, pod, container, index, uuid)."""
@@ -326,6 +446,14 @@ class _Families:
             self.legacy_memory.add(memory_values, memory_rendered, total)
 
 
+def _summed_devices(snapshot: SnapshotView, insight: InsightView | None) -> Sequence[DeviceView]:
+    """The snapshot's devices, or the sums without exited slots when the monitor made them."""
+    if insight is None:
+        return snapshot.devices
+    without = insight.devices
+    return snapshot.devices if without is None else without
+
+
 class VGpuCollector(Collector):
     """Upstream's vGPUmonitor metrics (plus ``hami_trio_container_blocked``) per scrape.
 
@@ -342,6 +470,9 @@ class VGpuCollector(Collector):
         host: the NVML sampler for host GPU families; None: no host families.
         legacy: also export upstream's legacy names and labels.
         wall_clock: Unix time for ``last_kernel_elapsed`` (tests inject one).
+        insights: the monitor's per-container insights of its latest tick, by the same keys
+            as ``monitor.containers()`` (``Monitor.insights``); None: no process, limit and
+            feedback-state families.
     """
 
     def __init__(
@@ -355,6 +486,7 @@ class VGpuCollector(Collector):
         host: HostGpuSampler | None = None,
         legacy: bool = False,
         wall_clock: Callable[[], float] = time.time,
+        insights: Callable[[], Mapping[Any, InsightView]] | None = None,
     ) -> None:
         self._monitor = monitor
         self._pods = pod_source
@@ -364,6 +496,7 @@ class VGpuCollector(Collector):
         self._host = host
         self._legacy = legacy
         self._clock = wall_clock
+        self._insights = insights
         # Decoded MIG annotations by pod UID: (raw value, allocations or None when invalid).
         # Scrapes may run in two threads at once, hence the lock.
         self._mig_cache: dict[str, tuple[str, tuple[MigAllocation, ...] | None]] = {}
@@ -377,7 +510,13 @@ class VGpuCollector(Collector):
         """The families this collector can export (lets the registry reject duplicates)."""
         families = _Families(self._legacy, _LabelCache())
         host = host_gpu_families((), "", legacy=self._legacy, const_labels=[("zone", ZONE)])
-        return [*host, *families.upstream(), families.blocked, self._error_family()]
+        return [
+            *host,
+            *families.upstream(),
+            families.blocked,
+            *families.insight_families(),
+            self._error_family(),
+        ]
 
     def collect(self) -> list[Metric]:
         """Build every family from the latest snapshots (called by the registry per scrape)."""
@@ -386,7 +525,11 @@ class VGpuCollector(Collector):
         self._labels.trim(families.devices)
         self._collect_mig(families)
         host = self._collect_host()
-        fast = [family for family in (*families.upstream(), families.blocked) if len(family)]
+        fast = [
+            family
+            for family in (*families.upstream(), families.blocked, *families.insight_families())
+            if len(family)
+        ]
         # Like Go's registry, a family without samples is not exposed at all.
         return [*(family for family in host if family.samples), *fast, self._error_family()]
 
@@ -423,10 +566,11 @@ class VGpuCollector(Collector):
 
     def _collect_containers(self, families: _Families) -> None:
         now = int(self._clock())
-        for container in list(self._monitor.containers().values()):
+        insights: Mapping[Any, InsightView] = {} if self._insights is None else self._insights()
+        for key, container in list(self._monitor.containers().items()):
             checkpoint = families.checkpoint()
             try:
-                self._collect_container(families, container, now)
+                self._collect_container(families, container, now, insights.get(key))
             except Exception as exc:
                 families.rollback(checkpoint)
                 self._failed(
@@ -439,7 +583,13 @@ class VGpuCollector(Collector):
                     exc,
                 )
 
-    def _collect_container(self, families: _Families, container: ContainerView, now: int) -> None:
+    def _collect_container(
+        self,
+        families: _Families,
+        container: ContainerView,
+        now: int,
+        insight: InsightView | None = None,
+    ) -> None:
         snapshot = container.snapshot
         if snapshot is None:
             return
@@ -448,18 +598,21 @@ class VGpuCollector(Collector):
             return
         name = container.container_name
         owner = (pod.namespace, pod.name, name)
-        families.blocked.add(
-            owner,
-            render_labels(("namespace", "pod", "container"), owner),
-            1 if snapshot.recent_kernel < 0 else 0,
-        )
+        rendered_owner = render_labels(_OWNER_LABELS, owner)
+        families.blocked.add(owner, rendered_owner, 1 if snapshot.recent_kernel < 0 else 0)
         last = _int64(snapshot.last_kernel_time)
         elapsed = max(now - last, 0) if last > 0 else None
-        for device in snapshot.devices:
+        devices = _summed_devices(snapshot, insight)
+        exported: list[tuple[tuple[str, ...], int]] = []
+        for device in devices:
             uuid = device.uuid.label
             if uuid is None:
                 continue
-            families.add_device((*owner, str(device.index), uuid), device, elapsed)
+            ids = (*owner, str(device.index), uuid)
+            families.add_device(ids, device, elapsed)
+            exported.append((ids, device.index))
+        if insight is not None:
+            families.add_insight(owner, rendered_owner, insight, exported)
 
     def _allocations(self, pod: PodInfo) -> tuple[MigAllocation, ...] | None:
         raw = pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, "")

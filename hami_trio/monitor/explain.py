@@ -1,0 +1,142 @@
+"""The monitor's per-tick :class:`~hami_trio.monitor.insight.ContainerInsight` of every container.
+
+How this works: after each tick's writes, :meth:`Explainer.update` classifies every loaded
+container's live slots (liveness asked through :func:`~hami_trio.monitor.liveness.pid_alive`
+when the agent is in the host PID namespace, bounded per container and cached per tick by
+the pure :class:`~hami_trio.monitor.insight.ProcessClassifier`), advances the blocking
+counters, and - only with ``--exclude-exited-processes`` and only for a container with
+exited slots - re-reads its slots once per changed snapshot to sum them without the exited
+ones (:func:`~hami_trio.monitor.region.read_totals_without`).  The result is one immutable
+mapping per tick.
+docs/monitor.md (Processes and feedback state).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
+
+from hami_trio.errors import CacheFileRejected
+from hami_trio.logs import RateLimiter
+from hami_trio.monitor.feedback import Write
+from hami_trio.monitor.insight import (
+    BlockTracker,
+    ContainerInsight,
+    ProcessClassifier,
+    ProcessCounts,
+)
+from hami_trio.monitor.layout import ControlField
+from hami_trio.monitor.lister import ContainerKey
+from hami_trio.monitor.region import RegionHandle, read_totals_without
+from hami_trio.monitor.snapshot import DeviceUsage, UsageSnapshot
+
+__all__ = ["Explainer"]
+
+logger = logging.getLogger("hami_trio.monitor.loop")
+
+
+class Explainer:
+    """Builds the per-tick insights (see the module docstring).
+
+    Args:
+        alive: the liveness check, None outside the host PID namespace (nothing is exited).
+        exclude_exited: sum memory and utilisation without the exited slots.
+        handle_of: the lister's open handle of a container directory (for the re-read).
+    """
+
+    def __init__(
+        self,
+        alive: Callable[[int], bool] | None,
+        *,
+        exclude_exited: bool = False,
+        handle_of: Callable[[str], RegionHandle | None] = lambda _name: None,
+    ) -> None:
+        self.classifier = ProcessClassifier(alive)
+        self._blocks: BlockTracker[ContainerKey] = BlockTracker()
+        self._exclude = exclude_exited
+        self._handle_of = handle_of
+        # key -> (snapshot, exited host PIDs, devices without them) of the last re-read
+        self._without: dict[
+            ContainerKey, tuple[UsageSnapshot, frozenset[int], tuple[DeviceUsage, ...] | None]
+        ] = {}
+        self._view: Mapping[ContainerKey, ContainerInsight] = MappingProxyType({})
+        self._limiter = RateLimiter(600.0, max_keys=4096)
+
+    def insights(self) -> Mapping[ContainerKey, ContainerInsight]:
+        """The latest tick's insights (immutable)."""
+        return self._view
+
+    def update(
+        self,
+        now: float,
+        snapshots: Mapping[ContainerKey, UsageSnapshot],
+        written: Iterable[Write[ContainerKey]] = (),
+    ) -> Mapping[ContainerKey, ContainerInsight]:
+        """One tick: ``snapshots`` as read, ``written`` the writes this tick applied.
+
+        Args:
+            now: monotonic seconds (the tick's clock).
+            snapshots: every loaded container of this tick.
+            written: the feedback writes that were stored this tick (none while the MIG lock
+                holds the writes back).
+        """
+        controls: dict[ContainerKey, dict[ControlField, int]] = {}
+        for write in written:
+            controls.setdefault(write.key, {})[write.field] = write.value
+        effective: dict[ContainerKey, tuple[int, int]] = {}
+        for key, snapshot in snapshots.items():
+            wrote = controls.get(key, {})
+            effective[key] = (
+                wrote.get(ControlField.RECENT_KERNEL, snapshot.recent_kernel),
+                wrote.get(ControlField.UTILIZATION_SWITCH, snapshot.utilization_switch),
+            )
+        blocks = self._blocks.update(now, ((key, rk < 0) for key, (rk, _) in effective.items()))
+        classifier = self.classifier
+        classifier.begin_tick()
+        view: dict[ContainerKey, ContainerInsight] = {}
+        for key, snapshot in snapshots.items():
+            processes = classifier.classify(snapshot.host_pids)
+            devices = self._devices_without(key, snapshot, processes)
+            recent, switch = effective[key]
+            view[key] = ContainerInsight(
+                processes=processes,
+                priority=snapshot.priority,
+                utilization_switch=switch,
+                recent_kernel=recent,
+                block=blocks[key],
+                core_limits=tuple(device.sm_limit for device in snapshot.devices),
+                device_processes=snapshot.device_processes,
+                devices=devices,
+            )
+        for key in [k for k in self._without if k not in snapshots]:
+            del self._without[key]
+        self._view = MappingProxyType(view)
+        return self._view
+
+    def _devices_without(
+        self, key: ContainerKey, snapshot: UsageSnapshot, processes: ProcessCounts
+    ) -> tuple[DeviceUsage, ...] | None:
+        if not self._exclude or not processes.exited:
+            self._without.pop(key, None)
+            return None
+        exited = processes.exited_host_pids
+        cached = self._without.get(key)
+        if cached is not None and cached[0] is snapshot and cached[1] == exited:
+            return cached[2]
+        handle = self._handle_of(key.dirname)
+        devices: tuple[DeviceUsage, ...] | None = None
+        if handle is not None:
+            try:
+                devices = read_totals_without(handle, snapshot, exited).devices
+            except CacheFileRejected as exc:
+                self._limiter.log(
+                    logger,
+                    logging.WARNING,
+                    ("exclude-exited", key.dirname),
+                    "container %s: exited processes left in its sums this tick: %s",
+                    key.dirname,
+                    exc,
+                )
+        self._without[key] = (snapshot, exited, devices)
+        return devices
