@@ -222,11 +222,48 @@ class _LabelCache:
             self._entries = {}
 
 
+class _InsightLabels:
+    """Rendered label strings of the insight rows, kept across scrapes (bounded like
+    :class:`_LabelCache`): per owner its three ``state`` label sets, per device its labels
+    without ``zone``."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, tuple[str, str, str]] = {}
+        self._devices: dict[tuple[str, ...], str] = {}
+
+    def states(self, rendered_owner: str) -> tuple[str, str, str]:
+        """The owner's labels plus ``state`` = running, exited, unknown."""
+        rendered = self._states.get(rendered_owner)
+        if rendered is None:
+            base = rendered_owner[:-1]
+            rendered = self._states[rendered_owner] = (
+                f'{base},state="running"}}',
+                f'{base},state="exited"}}',
+                f'{base},state="unknown"}}',
+            )
+        return rendered
+
+    def device(self, ids: tuple[str, ...]) -> str:
+        """``(ns, pod, container, index, uuid)`` rendered without ``zone``."""
+        rendered = self._devices.get(ids)
+        if rendered is None:
+            rendered = self._devices[ids] = render_labels(_CONTAINER_LABELS, ids)
+        return rendered
+
+    def trim(self, in_use: int) -> None:
+        """Forget everything once the cache is far larger than what a scrape uses."""
+        if len(self._devices) + len(self._states) > 4 * in_use + 1024:
+            self._states, self._devices = {}, {}
+
+
 class _Families:
     """The families of one scrape, created empty and filled per container."""
 
-    def __init__(self, legacy: bool, labels: _LabelCache) -> None:
+    def __init__(
+        self, legacy: bool, labels: _LabelCache, insight_labels: _InsightLabels | None = None
+    ) -> None:
         self._labels = labels
+        self._insight_labels = _InsightLabels() if insight_labels is None else insight_labels
         self._rows: list[list[tuple[tuple[str, ...], str, float]]] | None = None
         self.devices = 0
         new = (*_CONTAINER_LABELS, "zone")
@@ -391,16 +428,22 @@ class _Families:
     ) -> None:
         """The insight rows of one container; ``devices`` = (label values, device index) of
         each device upstream's rows were exported for."""
-        base = rendered_owner[:-1]
-        for state, count in insight.processes.by_state():
-            self.processes.add((*owner, str(state)), f'{base},state="{state}"}}', count)
+        labels = self._insight_labels
+        rendered_states = labels.states(rendered_owner)
+        for (state, count), rendered in zip(
+            insight.processes.by_state(), rendered_states, strict=True
+        ):
+            self.processes.add((*owner, str(state)), rendered, count)
         self.priority.add(owner, rendered_owner, insight.priority)
         self.utilization_switch.add(owner, rendered_owner, insight.utilization_switch)
-        self.blocked_seconds.add(owner, rendered_owner, insight.block.seconds)
-        self.blocks.add(owner, rendered_owner, insight.block.blocks)
+        block = insight.block
+        self.blocked_seconds.add(owner, rendered_owner, block.seconds)
+        self.blocks.add(owner, rendered_owner, block.blocks)
+        if not devices:
+            return
         limits, users = insight.core_limits, insight.device_processes
         for ids, index in devices:
-            rendered = self._labels.get(ids)[0][: -len(_ZONE_SUFFIX)] + "}"
+            rendered = labels.device(ids)
             if index < len(users):
                 self.device_processes.add(ids, rendered, users[index])
             if index < len(limits):
@@ -503,6 +546,7 @@ class VGpuCollector(Collector):
         self._mig_lock = threading.Lock()
         self._warnings = RateLimiter(WARNING_INTERVAL, max_keys=4096)
         self._labels = _LabelCache()
+        self._insight_labels = _InsightLabels()
         self._errors = dict.fromkeys(COLLECTOR_ERROR_PHASES, 0)
         self._errors_lock = threading.Lock()
 
@@ -520,9 +564,10 @@ class VGpuCollector(Collector):
 
     def collect(self) -> list[Metric]:
         """Build every family from the latest snapshots (called by the registry per scrape)."""
-        families = _Families(self._legacy, self._labels)
+        families = _Families(self._legacy, self._labels, self._insight_labels)
         self._collect_containers(families)
         self._labels.trim(families.devices)
+        self._insight_labels.trim(families.devices)
         self._collect_mig(families)
         host = self._collect_host()
         fast = [

@@ -1,20 +1,22 @@
 """The monitor's per-tick :class:`~hami_trio.monitor.insight.ContainerInsight` of every container.
 
-How this works: after each tick's writes, :meth:`Explainer.update` classifies every loaded
-container's live slots (liveness asked through :func:`~hami_trio.monitor.liveness.pid_alive`
-when the agent is in the host PID namespace, bounded per container and cached per tick by
-the pure :class:`~hami_trio.monitor.insight.ProcessClassifier`), advances the blocking
-counters, and - only with ``--exclude-exited-processes`` and only for a container with
-exited slots - re-reads its slots once per changed snapshot to sum them without the exited
-ones (:func:`~hami_trio.monitor.region.read_totals_without`).  The result is one immutable
-mapping per tick.
-docs/monitor.md (Processes and feedback state).
+How this works: after each tick's writes, :meth:`Explainer.update` decides once which host
+PIDs of the node are dead (the pure :class:`~hami_trio.monitor.insight.ProcessClassifier`
+with :func:`~hami_trio.monitor.liveness.pid_alive` and
+:func:`~hami_trio.monitor.liveness.live_pids`, only when the agent is in the host PID
+namespace), classifies every loaded container's live slots, advances the blocking counters,
+and - only with ``--exclude-exited-processes`` and only for a container with exited slots -
+re-reads its slots once per changed snapshot to sum them without the exited ones
+(:func:`~hami_trio.monitor.region.read_totals_without`).  The result is one immutable
+mapping per tick; a container whose snapshot, processes, control words and counters did not
+change keeps the same insight object.  docs/monitor.md (Processes and feedback state).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from types import MappingProxyType
 
 from hami_trio.errors import CacheFileRejected
@@ -35,12 +37,16 @@ __all__ = ["Explainer"]
 
 logger = logging.getLogger("hami_trio.monitor.loop")
 
+_RECENT_KERNEL = ControlField.RECENT_KERNEL
+_UTILIZATION_SWITCH = ControlField.UTILIZATION_SWITCH
+
 
 class Explainer:
     """Builds the per-tick insights (see the module docstring).
 
     Args:
         alive: the liveness check, None outside the host PID namespace (nothing is exited).
+        live_pids: every live PID at once, for ticks with many distinct host PIDs.
         exclude_exited: sum memory and utilisation without the exited slots.
         handle_of: the lister's open handle of a container directory (for the re-read).
     """
@@ -48,11 +54,12 @@ class Explainer:
     def __init__(
         self,
         alive: Callable[[int], bool] | None,
+        live_pids: Callable[[], AbstractSet[int]] | None = None,
         *,
         exclude_exited: bool = False,
         handle_of: Callable[[str], RegionHandle | None] = lambda _name: None,
     ) -> None:
-        self.classifier = ProcessClassifier(alive)
+        self.classifier = ProcessClassifier(alive, live_pids)
         self._blocks: BlockTracker[ContainerKey] = BlockTracker()
         self._exclude = exclude_exited
         self._handle_of = handle_of
@@ -60,7 +67,8 @@ class Explainer:
         self._without: dict[
             ContainerKey, tuple[UsageSnapshot, frozenset[int], tuple[DeviceUsage, ...] | None]
         ] = {}
-        self._view: Mapping[ContainerKey, ContainerInsight] = MappingProxyType({})
+        self._last: dict[ContainerKey, ContainerInsight] = {}
+        self._view: Mapping[ContainerKey, ContainerInsight] = MappingProxyType(self._last)
         self._limiter = RateLimiter(600.0, max_keys=4096)
 
     def insights(self) -> Mapping[ContainerKey, ContainerInsight]:
@@ -84,40 +92,56 @@ class Explainer:
         controls: dict[ContainerKey, dict[ControlField, int]] = {}
         for write in written:
             controls.setdefault(write.key, {})[write.field] = write.value
-        effective: dict[ContainerKey, tuple[int, int]] = {}
-        for key, snapshot in snapshots.items():
-            wrote = controls.get(key, {})
-            effective[key] = (
-                wrote.get(ControlField.RECENT_KERNEL, snapshot.recent_kernel),
-                wrote.get(ControlField.UTILIZATION_SWITCH, snapshot.utilization_switch),
-            )
-        blocks = self._blocks.update(now, ((key, rk < 0) for key, (rk, _) in effective.items()))
-        classifier = self.classifier
-        classifier.begin_tick()
+        classifier, blocks, previous = self.classifier, self._blocks, self._last
+        dead_before = classifier.dead
+        unchanged = len(previous) == len(snapshots) and all(
+            (last := previous.get(key)) is not None and last.snapshot is snapshot
+            for key, snapshot in snapshots.items()
+        )
+        classifier.begin_tick(
+            [snapshot.host_pids for snapshot in snapshots.values()], unchanged=unchanged
+        )
+        same_dead = classifier.dead is dead_before
+        blocks.begin(now)
         view: dict[ContainerKey, ContainerInsight] = {}
         for key, snapshot in snapshots.items():
-            processes = classifier.classify(snapshot.host_pids)
-            devices = self._devices_without(key, snapshot, processes)
-            recent, switch = effective[key]
-            view[key] = ContainerInsight(
-                processes=processes,
-                priority=snapshot.priority,
-                utilization_switch=switch,
-                recent_kernel=recent,
-                block=blocks[key],
-                core_limits=tuple(device.sm_limit for device in snapshot.devices),
-                device_processes=snapshot.device_processes,
-                devices=devices,
-            )
-        for key in [k for k in self._without if k not in snapshots]:
-            del self._without[key]
+            wrote = controls.get(key) if controls else None
+            if wrote is None:
+                recent, switch = snapshot.recent_kernel, snapshot.utilization_switch
+            else:
+                recent = wrote.get(_RECENT_KERNEL, snapshot.recent_kernel)
+                switch = wrote.get(_UTILIZATION_SWITCH, snapshot.utilization_switch)
+            block = blocks.step(key, recent < 0)
+            last = previous.get(key)
+            if same_dead and last is not None and last.snapshot is snapshot:
+                processes = last.processes  # same slots, same dead PIDs: same counts
+            else:
+                processes = classifier.classify(snapshot.host_pids)
+            devices = self._devices_without(key, snapshot, processes) if self._exclude else None
+            if (
+                last is not None
+                and last.snapshot is snapshot
+                and last.processes is processes
+                and last.block is block
+                and last.recent_kernel == recent
+                and last.utilization_switch == switch
+                and last.devices is devices
+            ):
+                view[key] = last
+            else:
+                view[key] = ContainerInsight(snapshot, processes, switch, recent, block, devices)
+        blocks.finish()
+        if self._without:
+            for key in [k for k in self._without if k not in snapshots]:
+                del self._without[key]
+        self._last = view
         self._view = MappingProxyType(view)
         return self._view
 
     def _devices_without(
         self, key: ContainerKey, snapshot: UsageSnapshot, processes: ProcessCounts
     ) -> tuple[DeviceUsage, ...] | None:
-        if not self._exclude or not processes.exited:
+        if not processes.exited:
             self._without.pop(key, None)
             return None
         exited = processes.exited_host_pids

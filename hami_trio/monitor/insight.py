@@ -6,13 +6,13 @@ How this works: once per tick the monitor hands each loaded container's snapshot
 
 - **Processes**: every live slot is ``running`` (its host PID is alive in the host PID
   namespace), ``exited`` (a host PID is set but no such process exists: the slot still counts
-  in upstream's sums) or ``unknown`` (host PID 0: HAMi-core never learned it).  Whether a PID
-  is alive is asked through an injected ``alive`` callable, at most once per PID per tick
-  (shared by every container) and for at most :data:`CHECKS_PER_CONTAINER` PIDs of one
-  container per tick: the rest keep their result from an earlier tick (a rotating window,
-  so a tenant with 1024 distinct host PIDs is fully re-checked every 16 ticks) or, never
-  checked yet, count as ``running``.  Without the host PID namespace there is no ``alive``:
-  every set host PID counts as ``running``.
+  in upstream's sums) or ``unknown`` (host PID 0: HAMi-core never learned it).  Liveness is
+  decided once per tick for every distinct host PID of the node: up to
+  :data:`DIRECT_CHECKS` of them are asked one by one through an injected ``alive``
+  callable, more are looked up in one injected listing of the live PIDs, so a tenant with
+  1024 distinct host PIDs costs set arithmetic, not 1024 system calls, and a scrape costs
+  none.  Without the host PID namespace there is no ``alive``: every set host PID counts as
+  ``running``.
 - **Blocking**: :class:`BlockTracker` turns "was this container held by priority blocking
   after this tick" into counters - how often it started (``blocks``) and for how long it
   lasted (``blocked_seconds``, on a monotonic clock the caller passes in, summed tick to
@@ -25,14 +25,16 @@ No I/O, no clock: the monitor passes the time and the liveness check.  docs/moni
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from hami_trio.monitor.snapshot import DeviceUsage
+from hami_trio.monitor.snapshot import DeviceUsage, UsageSnapshot
 
 __all__ = [
-    "CHECKS_PER_CONTAINER",
+    "DIRECT_CHECKS",
     "BlockState",
     "BlockTracker",
     "ContainerInsight",
@@ -43,8 +45,9 @@ __all__ = [
 
 K = TypeVar("K", bound=Hashable)
 
-#: The most PIDs of one container whose liveness is asked per tick (see the module docstring).
-CHECKS_PER_CONTAINER = 64
+#: Distinct host PIDs per tick up to which each is asked on its own (``kill(pid, 0)``, about
+#: 1.5 us each); above it the live PIDs are listed once for the tick (``/proc``).
+DIRECT_CHECKS = 256
 
 
 class ProcessState(enum.StrEnum):
@@ -73,85 +76,99 @@ class ProcessCounts:
         )
 
 
+@functools.lru_cache(maxsize=1024)
+def _no_exited(running: int, unknown: int) -> ProcessCounts:
+    """The common result, one shared object per value (the monitor compares by identity)."""
+    return ProcessCounts(running=running, unknown=unknown)
+
+
 class ProcessClassifier:
-    """Classifies live slots by their host PID, with bounded liveness checks per tick.
+    """Classifies live slots by their host PID; liveness is decided once per tick.
+
+    :meth:`begin_tick` takes every container's host PIDs and decides which of them are dead:
+    up to :data:`DIRECT_CHECKS` distinct PIDs are asked one by one (``alive``), more are
+    looked up in one listing of the live PIDs (``live_pids``), so the work of a tick is
+    bounded by the node's processes and the slots' count, never by what a tenant writes in
+    them.  :meth:`classify` is then set arithmetic.
 
     Args:
         alive: whether a host PID names a live process in the host PID namespace; None when
             the agent is not in that namespace (nothing is ever ``exited`` then).
-        checks_per_container: the per-container budget of ``alive`` calls per tick.
+        live_pids: every live PID of the host PID namespace (None: always ask ``alive``).
+        direct_checks: the most distinct PIDs asked one by one per tick.
     """
 
     def __init__(
         self,
         alive: Callable[[int], bool] | None,
+        live_pids: Callable[[], AbstractSet[int]] | None = None,
         *,
-        checks_per_container: int = CHECKS_PER_CONTAINER,
+        direct_checks: int = DIRECT_CHECKS,
     ) -> None:
-        if checks_per_container < 1:
-            raise ValueError(f"checks_per_container must be >= 1, got {checks_per_container}")
         self._alive = alive
-        self._budget = checks_per_container
-        self._now: dict[int, bool] = {}  # asked this tick
-        self._before: dict[int, bool] = {}  # what earlier ticks learned (PIDs still in use)
-        self._seen: set[int] = set()  # PIDs in use this tick
-        self._ticks = 0
-        #: ``alive`` calls made since construction (what the budget bounds).
+        self._live_pids = live_pids
+        self._direct = direct_checks
+        self._dead: frozenset[int] = frozenset()
+        self._wanted: set[int] | None = None
+        #: ``alive`` calls made since construction.
         self.checks = 0
+        #: ``live_pids`` calls made since construction.
+        self.listings = 0
 
     @property
     def checks_liveness(self) -> bool:
         """Whether exited processes can be told from running ones at all."""
         return self._alive is not None
 
-    def begin_tick(self) -> None:
-        """Start a tick: results of the last one become "earlier" (only PIDs it saw)."""
-        before = {pid: alive for pid, alive in self._before.items() if pid in self._seen}
-        before.update(self._now)
-        self._before = before
-        self._now = {}
-        self._seen = set()
-        self._ticks += 1
+    @property
+    def dead(self) -> frozenset[int]:
+        """This tick's dead host PIDs: the same object as last tick's when equal to it (so
+        an unchanged slot list with an unchanged ``dead`` has unchanged counts)."""
+        return self._dead
+
+    def begin_tick(self, host_pids: Iterable[Sequence[int]], *, unchanged: bool = False) -> None:
+        """Decide which host PIDs are dead for this tick.
+
+        Args:
+            host_pids: every container's slot host PIDs.
+            unchanged: the caller knows they are the same as last tick's (the set of PIDs
+                to check is reused; their liveness is decided anew).
+        """
+        dead: frozenset[int] = frozenset()
+        alive = self._alive
+        if alive is None:
+            wanted: set[int] = set()
+        elif unchanged and self._wanted is not None:
+            wanted = self._wanted
+        else:
+            wanted = set().union(*host_pids)
+            wanted.discard(0)
+        self._wanted = wanted
+        if alive is None or not wanted:
+            pass
+        elif len(wanted) <= self._direct or self._live_pids is None:
+            self.checks += len(wanted)
+            # 0 and negative numbers name process groups, never one process: never asked
+            dead = frozenset([pid for pid in wanted if not (pid > 0 and alive(pid))])
+        else:
+            self.listings += 1
+            dead = frozenset(wanted.difference(self._live_pids()))
+        if dead != self._dead:
+            self._dead = dead
 
     def classify(self, host_pids: Sequence[int]) -> ProcessCounts:
-        """Count ``host_pids`` (one per live slot) by state (see the module docstring)."""
-        unknown = 0
-        known: list[int] = []
-        for pid in host_pids:
-            if pid == 0:
-                unknown += 1
-            else:
-                known.append(pid)
-        alive = self._alive
-        if alive is None or not known:
-            return ProcessCounts(running=len(known), unknown=unknown)
-        self._seen.update(known)
-        results = self._results(alive, known)
-        exited = [pid for pid in known if not results.get(pid, True)]
+        """Count ``host_pids`` (one per live slot) by state (see :meth:`begin_tick`)."""
+        unknown = host_pids.count(0)
+        dead = self._dead
+        if not dead or dead.isdisjoint(host_pids):
+            return _no_exited(len(host_pids) - unknown, unknown)
+        exited = [pid for pid in host_pids if pid in dead]
         return ProcessCounts(
-            running=len(known) - len(exited),
+            running=len(host_pids) - unknown - len(exited),
             exited=len(exited),
             unknown=unknown,
             exited_host_pids=frozenset(exited),
         )
-
-    def _results(self, alive: Callable[[int], bool], known: list[int]) -> dict[int, bool]:
-        now, before = self._now, self._before
-        distinct = list(dict.fromkeys(known))
-        # Rotate where the budget starts, so every PID is asked within a few ticks.
-        start = (self._ticks * self._budget) % len(distinct)
-        left = self._budget
-        results: dict[int, bool] = {}
-        for pid in distinct[start:] + distinct[:start]:
-            if pid in now:
-                results[pid] = now[pid]
-            elif left > 0:
-                left -= 1
-                self.checks += 1
-                results[pid] = now[pid] = pid > 0 and alive(pid)
-            elif pid in before:
-                results[pid] = before[pid]
-        return results
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,41 +188,57 @@ class BlockState:
 class BlockTracker(Generic[K]):
     """Counts priority-blocking episodes and their duration per container, tick by tick.
 
-    Containers not in the latest :meth:`update` are forgotten (their counters start from 0
-    if they come back, which Prometheus reads as a counter reset).
+    A tick is :meth:`begin`, one :meth:`step` per container, :meth:`finish` (or
+    :meth:`update` for all three).  Containers not stepped in a tick are forgotten (their
+    counters start from 0 if they come back, which Prometheus reads as a counter reset).
     """
 
     def __init__(self) -> None:
         self._states: dict[K, BlockState] = {}
+        self._next: dict[K, BlockState] = {}
         self._last: float | None = None
+        self._elapsed = 0.0
+        self._now = 0.0
+
+    def begin(self, now: float) -> None:
+        """Start a tick at monotonic time ``now`` (never decreasing between ticks)."""
+        self._elapsed = 0.0 if self._last is None else max(now - self._last, 0.0)
+        self._last = self._now = now
+        self._next = {}
+
+    def step(self, key: K, blocked: bool) -> BlockState:
+        """Record whether ``key`` is blocked after this tick; its new state."""
+        last = self._states.get(key)
+        if last is None:
+            last = _NEVER_BLOCKED
+        if last.blocked:
+            seconds = last.seconds + self._elapsed
+            state = (
+                BlockState(True, last.since, seconds, last.blocks)
+                if blocked
+                else BlockState(False, None, seconds, last.blocks)
+            )
+        elif blocked:
+            state = BlockState(True, self._now, last.seconds, last.blocks + 1)
+        else:
+            state = last  # not blocked before or now: nothing changes
+        self._next[key] = state
+        return state
+
+    def finish(self) -> None:
+        """End the tick: containers not stepped are forgotten."""
+        self._states, self._next = self._next, {}
 
     def update(self, now: float, blocked: Iterable[tuple[K, bool]]) -> Mapping[K, BlockState]:
-        """Record this tick: for each container, whether it is blocked after the tick.
-
-        Args:
-            now: monotonic seconds (never decreasing between calls).
-            blocked: ``(container, blocked)`` for every container of this tick.
-
-        Returns:
-            The new state of every container given (a fresh dict).
-        """
-        elapsed = 0.0 if self._last is None else max(now - self._last, 0.0)
-        self._last = now
-        previous, states = self._states, {}
-        unchanged = BlockState()
-        for key, is_blocked in blocked:
-            last = previous.get(key, unchanged)
-            seconds = last.seconds + (elapsed if last.blocked else 0.0)
-            if is_blocked == last.blocked and seconds == last.seconds:
-                states[key] = last
-            elif is_blocked:
-                since = last.since if last.blocked else now
-                blocks = last.blocks if last.blocked else last.blocks + 1
-                states[key] = BlockState(True, since, seconds, blocks)
-            else:
-                states[key] = BlockState(False, None, seconds, last.blocks)
-        self._states = states
+        """A whole tick: :meth:`begin`, :meth:`step` for each ``(container, blocked)``,
+        :meth:`finish`; returns every container's new state."""
+        self.begin(now)
+        states = {key: self.step(key, is_blocked) for key, is_blocked in blocked}
+        self.finish()
         return states
+
+
+_NEVER_BLOCKED = BlockState()
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,24 +246,35 @@ class ContainerInsight:
     """What the monitor knows about one container beyond its snapshot, as of the latest tick.
 
     Attributes:
+        snapshot: the snapshot of the tick (priority, limits, per-device counts come from it).
         processes: live slots by state.
-        priority: ``CUDA_TASK_PRIORITY`` as read from the region.
         utilization_switch: the word in effect after the tick: what the monitor wrote this
             tick, else what it read (what it last wrote, unless HAMi-core changed it).
         recent_kernel: the same for ``recent_kernel`` (< 0: blocked).
         block: the priority-blocking counters.
-        core_limits: ``sm_limit`` per device (percent), by device index.
-        device_processes: live slots using each device, by device index.
         devices: the per-device sums without the exited slots when
             ``--exclude-exited-processes`` is on and the container has exited slots, else
             None (the snapshot's sums apply).
     """
 
+    snapshot: UsageSnapshot
     processes: ProcessCounts
-    priority: int
     utilization_switch: int
     recent_kernel: int
     block: BlockState
-    core_limits: tuple[int, ...]
-    device_processes: tuple[int, ...]
     devices: tuple[DeviceUsage, ...] | None = None
+
+    @property
+    def priority(self) -> int:
+        """``CUDA_TASK_PRIORITY`` as read from the region."""
+        return self.snapshot.priority
+
+    @property
+    def core_limits(self) -> tuple[int, ...]:
+        """``sm_limit`` per device (percent), by device index."""
+        return tuple([device.sm_limit for device in self.snapshot.devices])
+
+    @property
+    def device_processes(self) -> tuple[int, ...]:
+        """Live slots using each device, by device index."""
+        return self.snapshot.device_processes

@@ -5,7 +5,9 @@ namespace.  :func:`in_host_pid_namespace` compares the inode of ``/proc/self/ns/
 the kernel's fixed inode of the initial PID namespace (``PROC_PID_INIT_INO``, 0xEFFFFFFC in
 ``include/linux/proc_ns.h``); the chart runs the agent with ``hostPID: true``.  There,
 :func:`pid_alive` is ``kill(pid, 0)``: no signal is sent, ``ESRCH`` means no such process
-(``EPERM`` means it exists).  Outside the host PID namespace the monitor asks nothing and
+(``EPERM`` means it exists); when a tick has many distinct host PIDs, :func:`live_pids` lists
+``/proc`` once instead (its numeric names are the processes; threads are not listed, and a
+slot's host PID is a process).  Outside the host PID namespace the monitor asks nothing and
 reports no process as exited.  docs/monitor.md (Processes and feedback state).
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import Final
 
-__all__ = ["PROC_PID_INIT_INO", "in_host_pid_namespace", "pid_alive"]
+__all__ = ["PROC_PID_INIT_INO", "in_host_pid_namespace", "live_pids", "pid_alive"]
 
 #: The inode of the initial PID namespace's ``/proc/<pid>/ns/pid`` (fixed since Linux 3.8).
 PROC_PID_INIT_INO: Final = 0xEFFFFFFC
@@ -47,3 +49,9 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True  # it exists, it is just not ours to signal
     return True
+
+
+def live_pids(proc: str = "/proc") -> frozenset[int]:
+    """Every process ID listed in ``proc`` (the processes of its PID namespace, zombies
+    included).  Raises ``OSError`` when it cannot be listed."""
+    return frozenset(map(int, filter(str.isdigit, os.listdir(proc))))

@@ -35,7 +35,7 @@ from hami_trio.monitor.feedback import Write, observe
 from hami_trio.monitor.insight import ContainerInsight
 from hami_trio.monitor.layout import RejectReason
 from hami_trio.monitor.lister import ContainerKey, ContainerLister, ContainerState
-from hami_trio.monitor.liveness import in_host_pid_namespace, pid_alive
+from hami_trio.monitor.liveness import in_host_pid_namespace, live_pids, pid_alive
 from hami_trio.monitor.snapshot import UsageSnapshot
 from hami_trio.pods.source import PodSource
 
@@ -356,8 +356,12 @@ class _SelfMetrics:
         )
         self.liveness_checks = Counter(
             "hami_trio_monitor_process_liveness_checks_total",
-            "Host PIDs checked for liveness (at most one check per PID per tick, at most "
-            "64 per container per tick).",
+            "Host PIDs checked one by one for liveness (kill(pid, 0); at most 256 per tick).",
+            registry=registry,
+        )
+        self.liveness_listings = Counter(
+            "hami_trio_monitor_process_listings_total",
+            "Ticks that listed /proc once instead (more than 256 distinct host PIDs).",
             registry=registry,
         )
 
@@ -611,9 +615,18 @@ class Monitor:
         snapshots: Mapping[ContainerKey, UsageSnapshot],
         written: Sequence[Write[ContainerKey]],
     ) -> None:
-        checks = self._explainer.classifier.checks
-        self._explainer.update(trio.current_time(), snapshots, written)
-        self._metrics.liveness_checks.inc(self._explainer.classifier.checks - checks)
+        classifier = self._explainer.classifier
+        checks, listings = classifier.checks, classifier.listings
+        try:
+            self._explainer.update(trio.current_time(), snapshots, written)
+        except OSError as exc:  # /proc cannot be listed: this tick's insights stay as they were
+            self._limiter.log(
+                logger, logging.WARNING, "liveness", "process states not updated: %s", exc
+            )
+        if classifier.checks > checks:
+            self._metrics.liveness_checks.inc(classifier.checks - checks)
+        if classifier.listings > listings:
+            self._metrics.liveness_listings.inc(classifier.listings - listings)
 
     async def _guarded_tick(self) -> None:
         deadline = self._config.tick_deadline or self._config.interval
@@ -746,6 +759,7 @@ def _explainer(config: MonitorConfig, lister: ContainerLister) -> Explainer:
         )
     return Explainer(
         pid_alive if in_host else None,
+        live_pids,
         exclude_exited=config.exclude_exited_processes,
         handle_of=lister.handle_of,
     )

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 from hypothesis import given
 from hypothesis import strategies as st
 
 from hami_trio.monitor.insight import (
-    CHECKS_PER_CONTAINER,
+    DIRECT_CHECKS,
     BlockState,
     BlockTracker,
     ProcessClassifier,
@@ -29,11 +27,27 @@ class Alive:
         return pid in self.alive
 
 
+class Listing:
+    """The live PIDs at once (the ``/proc`` listing), counting its calls."""
+
+    def __init__(self, alive: set[int]) -> None:
+        self.alive = alive
+        self.calls = 0
+
+    def __call__(self) -> frozenset[int]:
+        self.calls += 1
+        return frozenset(self.alive)
+
+
+def tick(classifier: ProcessClassifier, *containers: tuple[int, ...]) -> list[ProcessCounts]:
+    classifier.begin_tick(containers)
+    return [classifier.classify(c) for c in containers]
+
+
 def test_states_of_slots() -> None:
     alive = Alive({100, 101})
     classifier = ProcessClassifier(alive)
-    classifier.begin_tick()
-    counts = classifier.classify((100, 0, 555, 101, 0, 555))
+    (counts,) = tick(classifier, (100, 0, 555, 101, 0, 555))
     assert counts == ProcessCounts(
         running=2, exited=2, unknown=2, exited_host_pids=frozenset({555})
     )
@@ -47,17 +61,15 @@ def test_states_of_slots() -> None:
 
 def test_negative_host_pids_are_never_asked_and_count_as_exited() -> None:
     alive = Alive(set())
-    classifier = ProcessClassifier(alive)
-    classifier.begin_tick()
-    assert classifier.classify((-1, -5)).exited == 2
+    (counts,) = tick(ProcessClassifier(alive), (-1, -5))
+    assert counts.exited == 2
     assert alive.calls == []  # kill(-1, 0) would address every process
 
 
 def test_without_the_host_pid_namespace_nothing_is_exited() -> None:
     classifier = ProcessClassifier(None)
-    classifier.begin_tick()
     assert not classifier.checks_liveness
-    assert classifier.classify((0, 7, 8)) == ProcessCounts(running=2, unknown=1)
+    assert tick(classifier, (0, 7, 8)) == [ProcessCounts(running=2, unknown=1)]
     assert classifier.checks == 0
 
 
@@ -65,64 +77,65 @@ def test_one_check_per_pid_per_tick_across_containers() -> None:
     alive = Alive({1})
     classifier = ProcessClassifier(alive)
     for _ in range(3):
-        classifier.begin_tick()
-        classifier.classify((1, 2))
-        classifier.classify((2, 1))  # another container with the same host PIDs
-    assert len(alive.calls) == 6  # 2 PIDs x 3 ticks
+        assert (
+            tick(classifier, (1, 2), (2, 1))
+            == [ProcessCounts(running=1, exited=1, exited_host_pids=frozenset({2}))] * 2
+        )
+    assert len(alive.calls) == 6  # 2 PIDs x 3 ticks, whatever the number of containers
     assert classifier.checks == 6
 
 
 def test_liveness_changes_are_seen_next_tick() -> None:
     alive = Alive({9})
     classifier = ProcessClassifier(alive)
-    classifier.begin_tick()
-    assert classifier.classify((9,)).running == 1
+    assert tick(classifier, (9,))[0].running == 1
     alive.alive.clear()
-    classifier.begin_tick()
-    assert classifier.classify((9,)).exited_host_pids == {9}
+    assert tick(classifier, (9,))[0].exited_host_pids == {9}
 
 
-def test_a_tenant_with_1024_distinct_host_pids_costs_a_bounded_number_of_checks() -> None:
+def test_many_distinct_host_pids_cost_one_listing_not_one_call_each() -> None:
+    # A tenant writes 1024 distinct host PIDs: no 1024 system calls per tick.
     pids = tuple(range(1000, 2024))
     alive = Alive({p for p in pids if p % 2})
-    classifier = ProcessClassifier(alive)
-    ticks = math.ceil(len(pids) / CHECKS_PER_CONTAINER)
-    for tick in range(ticks):
-        before = len(alive.calls)
-        classifier.begin_tick()
-        counts = classifier.classify(pids)
-        assert len(alive.calls) - before == CHECKS_PER_CONTAINER
-        # never checked yet: counted running until its turn comes
-        assert counts.exited == CHECKS_PER_CONTAINER * (tick + 1) // 2
-    assert set(alive.calls) == set(pids)  # the window went round once
+    listing = Listing(alive.alive)
+    classifier = ProcessClassifier(alive, listing)
+    for _ in range(3):
+        (counts,) = tick(classifier, pids, (1001,))[:1]
+    assert alive.calls == []
+    assert listing.calls == 3  # once per tick
+    assert classifier.listings == 3
     assert counts == ProcessCounts(
         running=512, exited=512, exited_host_pids=frozenset(p for p in pids if p % 2 == 0)
     )
-    classifier.begin_tick()
-    assert classifier.classify(pids) == counts  # stale results are kept while unchecked
+    # Few distinct PIDs: asked one by one, no listing.
+    tick(classifier, tuple(range(1, DIRECT_CHECKS + 1)))
+    assert (len(alive.calls), listing.calls) == (DIRECT_CHECKS, 3)
+
+
+def test_the_common_result_is_one_shared_object() -> None:
+    classifier = ProcessClassifier(Alive({5, 6}))
+    first, second = tick(classifier, (5, 0), (6, 0))
+    assert first is second  # the monitor reuses an unchanged insight by identity
 
 
 @given(
-    slots=st.lists(st.integers(-3, 40), max_size=200),
+    containers=st.lists(st.lists(st.integers(-3, 40), max_size=50), max_size=8),
     live=st.sets(st.integers(1, 40)),
-    budget=st.integers(1, 8),
+    direct=st.integers(0, 20),
 )
-def test_classification_converges_within_the_budgeted_ticks(
-    slots: list[int], live: set[int], budget: int
+def test_classification_is_exact_whichever_way_liveness_is_asked(
+    containers: list[list[int]], live: set[int], direct: int
 ) -> None:
     alive = Alive(live)
-    classifier = ProcessClassifier(alive, checks_per_container=budget)
-    distinct = {p for p in slots if p != 0}
-    for _ in range(max(1, math.ceil(len(distinct) / budget))):
-        calls = len(alive.calls)
-        classifier.begin_tick()
-        counts = classifier.classify(slots)
-        assert len(alive.calls) - calls <= budget
+    classifier = ProcessClassifier(alive, Listing(live), direct_checks=direct)
+    results = tick(classifier, *map(tuple, containers))
+    assert len(alive.calls) <= direct
+    for slots, counts in zip(containers, results, strict=True):
+        exited = [p for p in slots if p != 0 and p not in live]
+        assert counts.unknown == slots.count(0)
+        assert counts.exited == len(exited)
+        assert counts.exited_host_pids == frozenset(exited)
         assert counts.running + counts.exited + counts.unknown == len(slots)
-    exited = [p for p in slots if p != 0 and p not in live]
-    assert counts.unknown == slots.count(0)
-    assert counts.exited == len(exited)
-    assert counts.exited_host_pids == frozenset(exited)
 
 
 def test_block_tracker_counts_episodes_and_their_duration() -> None:

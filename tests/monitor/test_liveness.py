@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from hami_trio.monitor.liveness import PROC_PID_INIT_INO, in_host_pid_namespace, pid_alive
+from hami_trio.monitor.liveness import (
+    PROC_PID_INIT_INO,
+    in_host_pid_namespace,
+    live_pids,
+    pid_alive,
+)
 from tests.sandbox import namespace_argv
 
 
@@ -69,3 +74,19 @@ def test_a_new_pid_namespace_is_not_the_host_one() -> None:
         timeout=60,
     )
     assert out.stdout.strip() == "False"
+
+
+def test_live_pids_lists_the_processes_of_the_namespace(tmp_path: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        listed = live_pids()
+        assert {os.getpid(), child.pid} <= listed
+    finally:
+        child.kill()
+        child.wait()
+    assert child.pid not in live_pids()
+    (tmp_path / "12").mkdir()
+    (tmp_path / "self").mkdir()
+    assert live_pids(str(tmp_path)) == {12}  # only numeric names are processes
+    with pytest.raises(OSError):
+        live_pids(str(tmp_path / "missing"))
