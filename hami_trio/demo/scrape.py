@@ -66,21 +66,21 @@ class AgentSample:
         containers: by ``(pod, container)`` label values.
         mig_paused: ``hami_trio_monitor_mig_paused``.
         ticks: monitor ticks completed (the tick histogram's count).
-        liveness_checked: ``hami_trio_monitor_process_liveness_checked`` (exited processes
-            are told from running ones).
         exchanges: broker exchanges by outcome.
         latency_buckets: the broker latency histogram, ``(upper bound, cumulative count)``.
         latency_sum: the histogram's sum (seconds).
+        liveness_checked: ``hami_trio_monitor_process_liveness_checked`` (exited processes
+            are told from running ones).
     """
 
     t: float
     containers: Mapping[tuple[str, str], ContainerMetrics] = field(default_factory=dict)
     mig_paused: bool | None = None
     ticks: int | None = None
-    liveness_checked: bool | None = None
     exchanges: Mapping[str, int] = field(default_factory=dict)
     latency_buckets: tuple[tuple[float, int], ...] = ()
     latency_sum: float = 0.0
+    liveness_checked: bool | None = None
 
     @property
     def latency_count(self) -> int:

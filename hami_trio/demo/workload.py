@@ -348,7 +348,9 @@ def _run(plan: WorkloadPlan, settings: HamiCoreSettings, stop: _Stop) -> int:
         if state == "running":
             region.launch_kernel()
         memory = memory_at(behaviour.memory, fraction, busy and state != "idle")
-        sm_util = behaviour.sm_util if state == "running" else 0
+        # HAMi-core attributes NVML's per-process SM utilisation by host PID: without one
+        # it cannot, and the slot reads 0 (the "SM utilisation 0" report upstream).
+        sm_util = behaviour.sm_util if state == "running" and host_pid else 0
         if last is None or (state, memory, sm_util) != last:
             region.set_slot(0, _slot(pid, host_pid, memory, sm_util))
         peak = max(peak, sum(memory))

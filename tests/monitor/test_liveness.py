@@ -88,5 +88,5 @@ def test_live_pids_lists_the_processes_of_the_namespace(tmp_path: Path) -> None:
     (tmp_path / "12").mkdir()
     (tmp_path / "self").mkdir()
     assert live_pids(str(tmp_path)) == {12}  # only numeric names are processes
-    with pytest.raises(OSError):
+    with pytest.raises(FileNotFoundError):
         live_pids(str(tmp_path / "missing"))
