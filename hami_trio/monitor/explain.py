@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from types import MappingProxyType
 
+import trio
+
 from hami_trio.errors import CacheFileRejected
 from hami_trio.logs import RateLimiter
 from hami_trio.monitor.feedback import Write
@@ -29,7 +31,7 @@ from hami_trio.monitor.insight import (
     ProcessCounts,
 )
 from hami_trio.monitor.layout import ControlField
-from hami_trio.monitor.lister import ContainerKey
+from hami_trio.monitor.lister import WORK_PER_CHECKPOINT, ContainerKey
 from hami_trio.monitor.region import RegionHandle, read_totals_without
 from hami_trio.monitor.snapshot import DeviceUsage, UsageSnapshot
 
@@ -70,18 +72,23 @@ class Explainer:
         self._last: dict[ContainerKey, ContainerInsight] = {}
         self._view: Mapping[ContainerKey, ContainerInsight] = MappingProxyType(self._last)
         self._limiter = RateLimiter(600.0, max_keys=4096)
+        self._reread = 0  # bytes re-read since the last checkpoint
 
     def insights(self) -> Mapping[ContainerKey, ContainerInsight]:
         """The latest tick's insights (immutable)."""
         return self._view
 
-    def update(
+    async def update(
         self,
         now: float,
         snapshots: Mapping[ContainerKey, UsageSnapshot],
         written: Iterable[Write[ContainerKey]] = (),
     ) -> Mapping[ContainerKey, ContainerInsight]:
         """One tick: ``snapshots`` as read, ``written`` the writes this tick applied.
+
+        Checkpoints only after re-reads (``--exclude-exited-processes``) worth
+        :data:`~hami_trio.monitor.lister.WORK_PER_CHECKPOINT` bytes, like the lister's read;
+        the new insights are published at the end, so a cancelled update publishes nothing.
 
         Args:
             now: monotonic seconds (the tick's clock).
@@ -117,7 +124,12 @@ class Explainer:
                 processes = last.processes  # same slots, same dead PIDs: same counts
             else:
                 processes = classifier.classify(snapshot.host_pids)
-            devices = self._devices_without(key, snapshot, processes) if self._exclude else None
+            devices = None
+            if self._exclude:
+                devices = self._devices_without(key, snapshot, processes)
+                if self._reread >= WORK_PER_CHECKPOINT:
+                    self._reread = 0
+                    await trio.lowlevel.checkpoint()
             if (
                 last is not None
                 and last.snapshot is snapshot
@@ -152,7 +164,9 @@ class Explainer:
         devices: tuple[DeviceUsage, ...] | None = None
         if handle is not None:
             try:
+                handle.read_bytes = 0
                 devices = read_totals_without(handle, snapshot, exited).devices
+                self._reread += handle.read_bytes
             except CacheFileRejected as exc:
                 self._limiter.log(
                     logger,

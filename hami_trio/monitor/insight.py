@@ -203,7 +203,7 @@ class BlockTracker(Generic[K]):
     def begin(self, now: float) -> None:
         """Start a tick at monotonic time ``now`` (never decreasing between ticks)."""
         self._elapsed = 0.0 if self._last is None else max(now - self._last, 0.0)
-        self._last = self._now = now
+        self._now = now
         self._next = {}
 
     def step(self, key: K, blocked: bool) -> BlockState:
@@ -226,8 +226,10 @@ class BlockTracker(Generic[K]):
         return state
 
     def finish(self) -> None:
-        """End the tick: containers not stepped are forgotten."""
+        """End the tick: containers not stepped are forgotten.  A tick that never finishes
+        (abandoned) changes nothing: the next one counts from the last finished tick."""
         self._states, self._next = self._next, {}
+        self._last = self._now
 
     def update(self, now: float, blocked: Iterable[tuple[K, bool]]) -> Mapping[K, BlockState]:
         """A whole tick: :meth:`begin`, :meth:`step` for each ``(container, blocked)``,

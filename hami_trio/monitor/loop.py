@@ -605,12 +605,12 @@ class Monitor:
         written = 0
         if writes and not self._lock_present():
             written = self._lister.apply(writes)
-        self._explain(snapshots, writes if written else ())
+        await self._explain(snapshots, writes if written else ())
         self._ticks += 1
         self._metrics.tick.observe(time.perf_counter() - started)
         return written
 
-    def _explain(
+    async def _explain(
         self,
         snapshots: Mapping[ContainerKey, UsageSnapshot],
         written: Sequence[Write[ContainerKey]],
@@ -618,7 +618,7 @@ class Monitor:
         classifier = self._explainer.classifier
         checks, listings = classifier.checks, classifier.listings
         try:
-            self._explainer.update(trio.current_time(), snapshots, written)
+            await self._explainer.update(trio.current_time(), snapshots, written)
         except OSError as exc:  # /proc cannot be listed: this tick's insights stay as they were
             self._limiter.log(
                 logger, logging.WARNING, "liveness", "process states not updated: %s", exc
