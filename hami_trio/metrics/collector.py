@@ -140,9 +140,12 @@ class MonitorView(Protocol):
 class ProcessCountsView(Protocol):
     """A container's live slots by process state."""
 
-    def by_state(self) -> Iterable[tuple[str, int]]:
-        """``(state, count)`` for ``running``, ``exited`` and ``unknown``."""
-        ...
+    @property
+    def running(self) -> int: ...
+    @property
+    def exited(self) -> int: ...
+    @property
+    def unknown(self) -> int: ...
 
 
 class BlockView(Protocol):
@@ -222,26 +225,34 @@ class _LabelCache:
             self._entries = {}
 
 
+_STATES: Final = ("running", "exited", "unknown")
+_StateLabels = tuple[
+    tuple[tuple[str, ...], str], tuple[tuple[str, ...], str], tuple[tuple[str, ...], str]
+]
+_OwnerLabels = tuple[str, _StateLabels]
+
+
 class _InsightLabels:
     """Rendered label strings of the insight rows, kept across scrapes (bounded like
     :class:`_LabelCache`): per owner its three ``state`` label sets, per device its labels
     without ``zone``."""
 
     def __init__(self) -> None:
-        self._states: dict[str, tuple[str, str, str]] = {}
+        self._owners: dict[tuple[str, str, str], _OwnerLabels] = {}
         self._devices: dict[tuple[str, ...], str] = {}
 
-    def states(self, rendered_owner: str) -> tuple[str, str, str]:
-        """The owner's labels plus ``state`` = running, exited, unknown."""
-        rendered = self._states.get(rendered_owner)
-        if rendered is None:
-            base = rendered_owner[:-1]
-            rendered = self._states[rendered_owner] = (
-                f'{base},state="running"}}',
-                f'{base},state="exited"}}',
-                f'{base},state="unknown"}}',
+    def owner(self, owner: tuple[str, str, str]) -> _OwnerLabels:
+        """``(namespace, pod, container)`` rendered, and with each ``state`` (values and
+        rendering) for running, exited, unknown."""
+        labels = self._owners.get(owner)
+        if labels is None:
+            rendered = render_labels(_OWNER_LABELS, owner)
+            base = rendered[:-1]
+            running, exited, unknown = (
+                ((*owner, state), f'{base},state="{state}"}}') for state in _STATES
             )
-        return rendered
+            labels = self._owners[owner] = (rendered, (running, exited, unknown))
+        return labels
 
     def device(self, ids: tuple[str, ...]) -> str:
         """``(ns, pod, container, index, uuid)`` rendered without ``zone``."""
@@ -252,8 +263,8 @@ class _InsightLabels:
 
     def trim(self, in_use: int) -> None:
         """Forget everything once the cache is far larger than what a scrape uses."""
-        if len(self._devices) + len(self._states) > 4 * in_use + 1024:
-            self._states, self._devices = {}, {}
+        if len(self._devices) + len(self._owners) > 4 * in_use + 1024:
+            self._owners, self._devices = {}, {}
 
 
 class _Families:
@@ -419,35 +430,40 @@ class _Families:
             self.blocks,
         ]
 
+    def owner_labels(self, owner: tuple[str, str, str]) -> _OwnerLabels:
+        """The rendered ``namespace, pod, container`` labels (cached across scrapes)."""
+        return self._insight_labels.owner(owner)
+
     def add_insight(
         self,
         owner: tuple[str, str, str],
-        rendered_owner: str,
+        labels: _OwnerLabels,
         insight: InsightView,
         devices: Sequence[tuple[tuple[str, ...], int]],
     ) -> None:
         """The insight rows of one container; ``devices`` = (label values, device index) of
         each device upstream's rows were exported for."""
-        labels = self._insight_labels
-        rendered_states = labels.states(rendered_owner)
-        for (state, count), rendered in zip(
-            insight.processes.by_state(), rendered_states, strict=True
-        ):
-            self.processes.add((*owner, str(state)), rendered, count)
-        self.priority.add(owner, rendered_owner, insight.priority)
-        self.utilization_switch.add(owner, rendered_owner, insight.utilization_switch)
+        rendered_owner, ((run_ids, run), (exit_ids, exit_), (unk_ids, unk)) = labels
+        processes = insight.processes
+        rows = self.processes._rows
+        rows.append((run_ids, run, processes.running))
+        rows.append((exit_ids, exit_, processes.exited))
+        rows.append((unk_ids, unk, processes.unknown))
+        self.priority._rows.append((owner, rendered_owner, insight.priority))
+        self.utilization_switch._rows.append((owner, rendered_owner, insight.utilization_switch))
         block = insight.block
         self.blocked_seconds.add(owner, rendered_owner, block.seconds)
         self.blocks.add(owner, rendered_owner, block.blocks)
         if not devices:
             return
         limits, users = insight.core_limits, insight.device_processes
+        device_labels = self._insight_labels.device
         for ids, index in devices:
-            rendered = labels.device(ids)
+            rendered = device_labels(ids)
             if index < len(users):
-                self.device_processes.add(ids, rendered, users[index])
+                self.device_processes._rows.append((ids, rendered, users[index]))
             if index < len(limits):
-                self.core_limit.add(ids, rendered, limits[index])
+                self.core_limit._rows.append((ids, rendered, limits[index]))
 
     def add_device(self, ids: tuple[str, ...], device: DeviceView, elapsed: int | None) -> None:
         """All rows of one device; ``ids`` = (namespace, pod, container, index, uuid)."""
@@ -643,7 +659,8 @@ class VGpuCollector(Collector):
             return
         name = container.container_name
         owner = (pod.namespace, pod.name, name)
-        rendered_owner = render_labels(_OWNER_LABELS, owner)
+        owner_labels = families.owner_labels(owner)
+        rendered_owner = owner_labels[0]
         families.blocked.add(owner, rendered_owner, 1 if snapshot.recent_kernel < 0 else 0)
         last = _int64(snapshot.last_kernel_time)
         elapsed = max(now - last, 0) if last > 0 else None
@@ -657,7 +674,7 @@ class VGpuCollector(Collector):
             families.add_device(ids, device, elapsed)
             exported.append((ids, device.index))
         if insight is not None:
-            families.add_insight(owner, rendered_owner, insight, exported)
+            families.add_insight(owner, owner_labels, insight, exported)
 
     def _allocations(self, pod: PodInfo) -> tuple[MigAllocation, ...] | None:
         raw = pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, "")

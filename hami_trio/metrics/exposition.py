@@ -90,7 +90,8 @@ class FastGauge(Metric):
 
 
 class FastCounter(Metric):
-    """A counter family rendered like :class:`FastGauge` (float values, no ``_created``).
+    """A counter family rendered like :class:`FastGauge` (int or float values, no
+    ``_created``).
 
     ``name`` is given without ``_total``; every sample is ``name_total``.  The text format
     names the ``# HELP``/``# TYPE`` lines ``name_total`` (as prometheus-client does),
@@ -106,7 +107,9 @@ class FastCounter(Metric):
     def samples(self) -> list[Sample]:
         """The samples as prometheus-client values (built on each access)."""
         return [
-            Sample(f"{self.name}_total", dict(zip(self.labelnames, values, strict=True)), value)
+            Sample(
+                f"{self.name}_total", dict(zip(self.labelnames, values, strict=True)), float(value)
+            )
             for values, _, value in self._rows
         ]
 
@@ -123,8 +126,9 @@ class FastCounter(Metric):
         del self._rows[length:]
 
     def add(self, values: tuple[str, ...], rendered: str, value: float) -> None:
-        """Add a sample: label values, their rendering, value (never negative)."""
-        self._rows.append((values, rendered, float(value)))
+        """Add a sample: label values, their rendering, value (an int or a finite float,
+        never negative)."""
+        self._rows.append((values, rendered, value))
 
     def exposition(self, openmetrics: bool = False) -> str:
         """``# HELP``, ``# TYPE`` and one ``name_total`` line per sample."""

@@ -40,7 +40,6 @@ __all__ = ["Explainer"]
 logger = logging.getLogger("hami_trio.monitor.loop")
 
 _RECENT_KERNEL = ControlField.RECENT_KERNEL
-_UTILIZATION_SWITCH = ControlField.UTILIZATION_SWITCH
 
 
 class Explainer:
@@ -96,9 +95,13 @@ class Explainer:
             written: the feedback writes that were stored this tick (none while the MIG lock
                 holds the writes back).
         """
-        controls: dict[ContainerKey, dict[ControlField, int]] = {}
+        # (recent_kernel, utilization_switch) written this tick, None where not written
+        controls: dict[ContainerKey, list[int | None]] = {}
         for write in written:
-            controls.setdefault(write.key, {})[write.field] = write.value
+            words = controls.get(write.key)
+            if words is None:
+                words = controls[write.key] = [None, None]
+            words[0 if write.field is _RECENT_KERNEL else 1] = write.value
         classifier, blocks, previous = self.classifier, self._blocks, self._last
         dead_before = classifier.dead
         unchanged = len(previous) == len(snapshots) and all(
@@ -112,12 +115,13 @@ class Explainer:
         blocks.begin(now)
         view: dict[ContainerKey, ContainerInsight] = {}
         for key, snapshot in snapshots.items():
+            recent, switch = snapshot.recent_kernel, snapshot.utilization_switch
             wrote = controls.get(key) if controls else None
-            if wrote is None:
-                recent, switch = snapshot.recent_kernel, snapshot.utilization_switch
-            else:
-                recent = wrote.get(_RECENT_KERNEL, snapshot.recent_kernel)
-                switch = wrote.get(_UTILIZATION_SWITCH, snapshot.utilization_switch)
+            if wrote is not None:
+                if wrote[0] is not None:
+                    recent = wrote[0]
+                if wrote[1] is not None:
+                    switch = wrote[1]
             block = blocks.step(key, recent < 0)
             last = previous.get(key)
             if same_dead and last is not None and last.snapshot is snapshot:

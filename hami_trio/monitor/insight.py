@@ -28,8 +28,7 @@ import enum
 import functools
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from hami_trio.monitor.snapshot import DeviceUsage, UsageSnapshot
 
@@ -58,9 +57,11 @@ class ProcessState(enum.StrEnum):
     UNKNOWN = "unknown"
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessCounts:
-    """A container's live slots by state, and the host PIDs of the exited ones."""
+class ProcessCounts(NamedTuple):
+    """A container's live slots by state, and the host PIDs of the exited ones.
+
+    (Immutable; a named tuple because the monitor builds one per container per tick.)
+    """
 
     running: int = 0
     exited: int = 0
@@ -171,8 +172,7 @@ class ProcessClassifier:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class BlockState:
+class BlockState(NamedTuple):
     """One container's priority-blocking counters as of the latest tick.
 
     ``since`` is the monotonic time of the tick that saw the current episode begin (None
@@ -243,9 +243,10 @@ class BlockTracker(Generic[K]):
 _NEVER_BLOCKED = BlockState()
 
 
-@dataclass(frozen=True, slots=True)
-class ContainerInsight:
+class ContainerInsight(NamedTuple):
     """What the monitor knows about one container beyond its snapshot, as of the latest tick.
+
+    Immutable (a named tuple: one is built per changed container per tick).
 
     Attributes:
         snapshot: the snapshot of the tick (priority, limits, per-device counts come from it).
