@@ -69,6 +69,7 @@ class Explainer:
             ContainerKey, tuple[UsageSnapshot, frozenset[int], tuple[DeviceUsage, ...] | None]
         ] = {}
         self._last: dict[ContainerKey, ContainerInsight] = {}
+        self._last_dead: frozenset[int] = frozenset()
         self._view: Mapping[ContainerKey, ContainerInsight] = MappingProxyType(self._last)
         self._limiter = RateLimiter(600.0, max_keys=4096)
         self._reread = 0  # bytes re-read since the last checkpoint
@@ -103,7 +104,6 @@ class Explainer:
                 words = controls[write.key] = [None, None]
             words[0 if write.field is _RECENT_KERNEL else 1] = write.value
         classifier, blocks, previous = self.classifier, self._blocks, self._last
-        dead_before = classifier.dead
         unchanged = len(previous) == len(snapshots) and all(
             (last := previous.get(key)) is not None and last.snapshot is snapshot
             for key, snapshot in snapshots.items()
@@ -111,7 +111,8 @@ class Explainer:
         classifier.begin_tick(
             [snapshot.host_pids for snapshot in snapshots.values()], unchanged=unchanged
         )
-        same_dead = classifier.dead is dead_before
+        # the dead PIDs the published insights were counted with (not an abandoned tick's)
+        same_dead = classifier.dead is self._last_dead
         blocks.begin(now)
         view: dict[ContainerKey, ContainerInsight] = {}
         for key, snapshot in snapshots.items():
@@ -150,7 +151,7 @@ class Explainer:
         if self._without:
             for key in [k for k in self._without if k not in snapshots]:
                 del self._without[key]
-        self._last = view
+        self._last, self._last_dead = view, classifier.dead
         self._view = MappingProxyType(view)
         return self._view
 
