@@ -154,7 +154,13 @@ async def scrape_latency(monitor: object) -> Figures:
     registry.register(BuildInfoCollector())
     # Every container under its pod UID (the --no-kubernetes naming): all are exported.
     registry.register(
-        VGpuCollector(monitor, StaticPodSource(), node_name="bench", kubernetes=False)
+        VGpuCollector(
+            monitor,
+            StaticPodSource(),
+            node_name="bench",
+            kubernetes=False,
+            insights=monitor.insights,  # the process, limit and feedback-state families
+        )
     )
 
     def fetch(url: str, headers: dict[str, str]) -> tuple[float, int]:

@@ -213,6 +213,15 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "KEYS",
     ),
     Setting(
+        "exclude_exited_processes",
+        "--exclude-exited-processes",
+        "HAMI_TRIO_EXCLUDE_EXITED_PROCESSES",
+        "leave process slots whose host PID no longer exists out of the exported memory and "
+        "utilisation sums (upstream keeps them: usage stuck at its peak); needs the host PID "
+        "namespace, where the agent runs in the chart",
+        None,
+    ),
+    Setting(
         "broker_socket_path",
         "--broker-socket-path",
         "HAMI_TRIO_BROKER_SOCKET_PATH",
@@ -350,6 +359,7 @@ class AgentConfig:
             "resync_interval_seconds": self.monitor.resync_interval,
             "interval_seconds": self.monitor.interval,
             "mig_lock_path": str(self.monitor.mig_lock_path),
+            "exclude_exited_processes": self.monitor.exclude_exited_processes,
             "lock_parent_path": str(self.lock_parent_path),
             "metrics_bind_address": str(self.metrics_bind),
             "debug_bind_address": None if self.debug_bind is None else str(self.debug_bind),
@@ -558,8 +568,10 @@ def resolve_config(
     lock_text, lock_origin = reader.text("mig_lock_path")
     if lock_text == "":
         raise ConfigError(f"{lock_origin}: empty path")
+    exclude_exited = reader.flag("exclude_exited_processes")
     monitor = MonitorConfig(
         hook_path=Path(hook_text),
+        exclude_exited_processes=exclude_exited,
         interval=interval,
         resync_interval=_resync_interval(reader, warnings),
         mig_lock_path=DEFAULT_MIG_LOCK_PATH if lock_text is None else Path(lock_text),

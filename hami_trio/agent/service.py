@@ -353,6 +353,7 @@ class _Agent:
             all_pods=all_pods,
             host=sampler,
             legacy=config.legacy_metrics,
+            insights=monitor.insights,
         )
         if all_pods is not None:  # allocations and pod metadata come from Kubernetes
             # Registered first: a scrape collects in registration order, so the pod rows'

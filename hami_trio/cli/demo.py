@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     demo.add_argument(
-        "--workloads", type=int, default=3, metavar="N", help="simulated workloads (default 3)"
+        "--workloads", type=int, default=5, metavar="N", help="simulated workloads (default 5)"
     )
     demo.add_argument(
         "--duration", type=float, default=30.0, metavar="S", help="seconds of the run (default 30)"

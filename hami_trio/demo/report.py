@@ -31,7 +31,11 @@ __all__ = [
 
 #: The checks of a run, in the order the summary prints them, with what each one means.
 CHECKS: Final = {
-    "pids_correct": "every workload got its own host PID from the broker",
+    "pids_correct": "every workload with the broker switch got its own host PID from it",
+    "host_pid_unknown_shown": "the agent showed the broker-less workload's process as unknown",
+    "exited_process_shown": "the agent showed the crashed workload's process as exited, its "
+    "memory still counted",
+    "blocking_counted": "the agent counted the blocks of every blocked workload",
     "low_priority_blocked": "each low-priority workload was blocked while a higher one ran",
     "blocking_explained": "every block happened while a higher-priority sharer was active",
     "unblocked_after": "each blocked workload was unblocked and launched again",
@@ -222,6 +226,60 @@ def _mig(record: RunRecord, start: float) -> tuple[dict[str, Any], dict[str, boo
     return doc, checks
 
 
+def _crashed_at(w: WorkloadRecord) -> float | None:
+    final = w.final or {}
+    return float(final["t"]) if final.get("crashed") and "t" in final else None
+
+
+def _explained(record: RunRecord, start: float) -> tuple[list[dict[str, Any]], dict[str, bool]]:
+    """What the agent's /metrics said about each workload's processes, limit and blocking."""
+    rows: list[dict[str, Any]] = []
+    unknown_ok = exited_ok = counted_ok = True
+    last = record.latest()
+    for w in record.workloads:
+        key = (w.pod_uid, w.spec.name)
+        seen = [(s, s.containers[key]) for s in record.samples if key in s.containers]
+        latest = seen[-1][1] if seen else None
+        crashed = _crashed_at(w)
+        after = [(s, m) for s, m in seen if crashed is not None and s.t > crashed]
+        # Where the agent cannot check liveness it reports the dead process as running.
+        exited_seen = any(
+            m.processes.get("exited" if s.liveness_checked else "running", 0) >= 1
+            and (m.memory_used or 0) > 0
+            for s, m in after
+        )
+        unknown_seen = any(m.processes.get("unknown", 0) >= 1 for _, m in seen)
+        episodes = len(_windows(w, "episodes", start))
+        blocks = latest.blocks if latest is not None else None
+        if not w.spec.broker and not unknown_seen:
+            unknown_ok = False
+        if w.spec.exits_at is not None and not exited_seen:
+            exited_ok = False
+        if episodes and not (blocks or 0) >= 1:
+            counted_ok = False
+        rows.append(
+            {
+                "workload": w.spec.name,
+                "broker": w.spec.broker,
+                "processes": dict(latest.processes) if latest is not None else {},
+                "unknown_seen": unknown_seen,
+                "crashed_at": _rel(crashed, start),
+                "exited_seen_after_crash": exited_seen,
+                "memory_after_crash": max(((m.memory_used or 0) for _, m in after), default=None),
+                "core_limit": latest.core_limit if latest is not None else None,
+                "agent_blocks": blocks,
+                "agent_blocked_seconds": latest.blocked_seconds if latest is not None else None,
+            }
+        )
+    liveness = None if last is None else last.liveness_checked
+    checks = {
+        "host_pid_unknown_shown": unknown_ok,
+        "exited_process_shown": exited_ok,
+        "blocking_counted": counted_ok,
+    }
+    return [{"liveness_checked": liveness, "workloads": rows}], checks
+
+
 def _broker(record: RunRecord) -> dict[str, Any]:
     last = next((s for s in reversed(record.samples) if s.exchanges), None)
     client = [
@@ -261,11 +319,14 @@ def summarize(record: RunRecord) -> dict[str, Any]:
     for w in record.workloads:
         attached = w.attached or {}
         broker_pid = attached.get("host_pid")
-        correct = (
-            broker_pid is not None
-            and broker_pid == w.host_pid
-            and attached.get("pid") != w.host_pid
-        )
+        if w.spec.broker:
+            correct = (
+                broker_pid is not None
+                and broker_pid == w.host_pid
+                and attached.get("pid") != w.host_pid
+            )
+        else:  # the switch is off: the client must not even ask
+            correct = broker_pid is None and attached.get("reason") == "disabled"
         pids_ok = pids_ok and correct
         final = w.final or {}
         workloads.append(
@@ -300,6 +361,7 @@ def summarize(record: RunRecord) -> dict[str, Any]:
             }
         )
     blocking, blocking_checks = _blocking(record, start)
+    explained, explained_checks = _explained(record, start)
     mig, mig_checks = _mig(record, start)
     clean = (
         not record.stray_processes
@@ -309,6 +371,7 @@ def summarize(record: RunRecord) -> dict[str, Any]:
     )
     checks = {
         "pids_correct": pids_ok,
+        **explained_checks,
         **blocking_checks,
         "metrics_served": bool(record.samples) and len(seen) == len(record.workloads),
         **mig_checks,
@@ -330,6 +393,7 @@ def summarize(record: RunRecord) -> dict[str, Any]:
         },
         "workloads": workloads,
         "blocking": blocking,
+        "explained": explained[0],
         "broker": _broker(record),
         "mig": mig,
         "metrics": {
@@ -399,6 +463,34 @@ def render_summary(summary: dict[str, Any]) -> list[str]:
                 f"  {w['name']:<12} (priority {w['priority']}) never blocked: nobody outranks it "
                 "on its GPU"
             )
+    explained = summary["explained"]
+    lines.append("")
+    checked = explained["liveness_checked"]
+    lines.append(
+        "What the agent explains (hami_trio_container_processes, _core_limit_ratio, "
+        "_blocks_total; "
+        + (
+            "exited processes are detected"
+            if checked
+            else "NO liveness check here: exited processes show as running"
+        )
+        + "):"
+    )
+    for row in explained["workloads"]:
+        procs = ", ".join(f"{n} {state}" for state, n in row["processes"].items() if n) or "none"
+        line = f"  {row['workload']:<12} processes {procs}; core limit {row['core_limit']}%"
+        if row["agent_blocks"]:
+            line += (
+                f"; blocked {_times(row['agent_blocks'])}, "
+                f"{_seconds(row['agent_blocked_seconds'])} by the monitor's count"
+            )
+        if not row["broker"]:
+            line += " <- no broker: host PID unknown, so HAMi-core cannot attribute SM utilisation"
+        if row["crashed_at"] is not None:
+            memory = row["memory_after_crash"]
+            shown = "-" if memory is None else f"{memory / (1 << 30):.1f} GiB"
+            line += f" <- died at {_seconds(row['crashed_at'])}; its slot still counts {shown}"
+        lines.append(line)
     mig = summary["mig"]
     lines.append("")
     lines.append(

@@ -75,7 +75,7 @@ class DemoOptions:
         ConfigError: a value is out of range (named after its flag).
     """
 
-    workloads: int = 3
+    workloads: int = 5
     duration: float = 30.0
     interval: float = 1.0
     root: Path | None = None
@@ -231,6 +231,12 @@ def _handle_report(record: RunRecord, w: WorkloadRecord, report: Mapping[str, An
                 record.event(now, text)
     elif kind == "final":
         w.final = dict(report)
+        if report.get("crashed"):
+            record.event(
+                now,
+                f"{w.spec.name}'s process died without HAMi-core's clean-up: its slot (and "
+                "its memory) stays in the region",
+            )
     elif kind == "error":
         w.error = str(report.get("message"))
         record.event(now, f"{w.spec.name} failed: {w.error}")
@@ -331,6 +337,7 @@ async def _workloads(
                     container_dir=str(w.directory),
                     user_namespace=not as_root,
                     run_as=NOBODY if as_root else None,
+                    exits_at=w.spec.exits_at,
                 )
                 cache_name = f"{new_pod_uid()}.cache"  # HAMi names it after a fresh UUID
                 log = _open_log(paths.logs / f"{w.spec.name}.log")

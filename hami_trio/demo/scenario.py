@@ -24,8 +24,10 @@ from hami_trio.errors import ConfigError
 from hami_trio.goparse import BROKER_SWITCH_ENV
 
 __all__ = [
+    "CRASH_AT",
     "GPU_A",
     "GPU_B",
+    "GPU_C",
     "INFERENCE_BURSTS",
     "MAX_WORKLOADS",
     "MIG_WINDOW",
@@ -47,6 +49,10 @@ GIB: Final = 1 << 30
 #: Fake NVML UUIDs of the two simulated GPUs.
 GPU_A: Final = "GPU-8f1c6a2e-5d3b-4c7a-9e21-0a1b2c3d4e5f"
 GPU_B: Final = "GPU-3b7d9e04-1f2a-4b6c-8d5e-6f7a8b9c0d1e"
+#: The third GPU: the workloads that show what the agent explains (no blocking there).
+GPU_C: Final = "GPU-c41e07d2-9a3f-4e8b-b6d1-2f3e4a5b6c7d"
+#: When the ``crashed`` workload's process dies, leaving its slot (a fraction of the run).
+CRASH_AT: Final = 0.30
 
 #: When the high-priority workload launches kernels (fractions of the run).
 INFERENCE_BURSTS: Final = ((0.10, 0.30), (0.65, 0.85))
@@ -121,6 +127,10 @@ class WorkloadSpec:
         memory_limit: its vGPU memory limit in bytes (``CUDA_DEVICE_MEMORY_LIMIT``).
         sm_limit: its core limit in percent (``CUDA_DEVICE_SM_LIMIT``).
         behaviour: what it does over the run.
+        broker: its pod has the broker switch (``LIBVGPU_HOSTPID_BROKER=1``); without it
+            HAMi-core never learns its host PID here (the slot's ``hostpid`` stays 0).
+        exits_at: the fraction of the run at which its process dies without HAMi-core's exit
+            clean-up (as after a SIGKILL), leaving its slot behind; None: it runs to the end.
     """
 
     name: str
@@ -130,6 +140,8 @@ class WorkloadSpec:
     memory_limit: int
     sm_limit: int
     behaviour: Behaviour
+    broker: bool = True
+    exits_at: float | None = None
 
 
 def default_workloads(count: int) -> tuple[WorkloadSpec, ...]:
@@ -180,15 +192,35 @@ def default_workloads(count: int) -> tuple[WorkloadSpec, ...]:
                 MemoryPlan(300 * MIB, 100 * MIB, 512 * MIB, GIB, burst=256 * MIB),
             ),
         ),
+        WorkloadSpec(
+            "no-broker",
+            "an old pod without the broker switch: its host PID stays unknown",
+            1,
+            GPU_C,
+            4 * GIB,
+            50,
+            Behaviour(((0.05, 0.95),), 35, MemoryPlan(300 * MIB, 100 * MIB, GIB, 2 * GIB)),
+            broker=False,
+        ),
+        WorkloadSpec(
+            "crashed",
+            "a job whose process is killed at 30 %, leaving its slot (usage stuck at peak)",
+            1,
+            GPU_C,
+            4 * GIB,
+            50,
+            Behaviour(((0.05, CRASH_AT),), 20, MemoryPlan(300 * MIB, 100 * MIB, GIB, 6 * GIB)),
+            exits_at=CRASH_AT,
+        ),
     ]
-    for index in range(3, count):
+    for index in range(5, count):
         # Workers alternate GPUs at the low priority: on GPU-A they are blocked with
         # training, on GPU-B they share with the notebook (utilization_switch = 1).  They
         # start before the first burst and stop in the MIG window, long after that burst,
         # so that each block is followed by launches again.
         specs.append(
             WorkloadSpec(
-                f"worker-{index - 2}",
+                f"worker-{index - 4}",
                 "batch worker, low priority",
                 1,
                 GPU_A if index % 2 else GPU_B,
@@ -268,7 +300,7 @@ def hami_core_env(spec: WorkloadSpec, cache_file: str | Path) -> dict[str, str]:
         "CUDA_DEVICE_SM_LIMIT": str(spec.sm_limit),
         "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(cache_file),
         "CUDA_TASK_PRIORITY": str(spec.priority),
-        BROKER_SWITCH_ENV: "1",
+        **({BROKER_SWITCH_ENV: "1"} if spec.broker else {}),
     }
 
 
@@ -328,6 +360,8 @@ def workload_specs_json(specs: Sequence[WorkloadSpec]) -> list[dict[str, Any]]:
             "gpu": s.gpu,
             "memory_limit": s.memory_limit,
             "sm_limit": s.sm_limit,
+            "broker": s.broker,
+            "exits_at": s.exits_at,
         }
         for s in specs
     ]

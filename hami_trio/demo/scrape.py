@@ -38,12 +38,23 @@ _TICKS: Final = "hami_trio_monitor_tick_duration_seconds_count"
 
 @dataclass(frozen=True, slots=True)
 class ContainerMetrics:
-    """One container as the agent exports it (device 0; the demo's workloads have one)."""
+    """One container as the agent exports it (device 0; the demo's workloads have one).
+
+    ``processes`` maps each state of ``hami_trio_container_processes`` (``running``,
+    ``exited``, ``unknown``) to its count; ``core_limit`` is device 0's
+    ``hami_trio_container_core_limit_ratio``; ``switch``, ``blocked_seconds`` and ``blocks``
+    are the monitor's ``utilization_switch`` and blocking counters.
+    """
 
     memory_used: int | None = None
     memory_limit: int | None = None
     sm_util: int | None = None
     blocked: bool | None = None
+    processes: Mapping[str, int] = field(default_factory=dict)
+    core_limit: int | None = None
+    switch: int | None = None
+    blocked_seconds: float | None = None
+    blocks: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +69,8 @@ class AgentSample:
         exchanges: broker exchanges by outcome.
         latency_buckets: the broker latency histogram, ``(upper bound, cumulative count)``.
         latency_sum: the histogram's sum (seconds).
+        liveness_checked: ``hami_trio_monitor_process_liveness_checked`` (exited processes
+            are told from running ones).
     """
 
     t: float
@@ -67,6 +80,7 @@ class AgentSample:
     exchanges: Mapping[str, int] = field(default_factory=dict)
     latency_buckets: tuple[tuple[float, int], ...] = ()
     latency_sum: float = 0.0
+    liveness_checked: bool | None = None
 
     @property
     def latency_count(self) -> int:
@@ -85,6 +99,13 @@ def _container(values: Mapping[str, float]) -> ContainerMetrics:
         memory_limit=number("memory_limit"),
         sm_util=number("sm_util"),
         blocked=None if blocked is None else blocked == 1,
+        processes={
+            key.removeprefix("state:"): int(v) for key, v in values.items() if key[:6] == "state:"
+        },
+        core_limit=number("core_limit"),
+        switch=number("switch"),
+        blocked_seconds=values.get("blocked_seconds"),
+        blocks=number("blocks"),
     )
 
 
@@ -104,10 +125,18 @@ def parse_metrics(text: str, t: float) -> AgentSample:
     latency_sum = 0.0
     paused: bool | None = None
     ticks: int | None = None
+    liveness: bool | None = None
     per_container = {
         "hami_vgpu_memory_used_bytes": "memory_used",
         "hami_vgpu_memory_limit_bytes": "memory_limit",
         "hami_container_device_utilization_ratio": "sm_util",
+        "hami_trio_container_core_limit_ratio": "core_limit",
+    }
+    per_owner = {
+        "hami_trio_container_blocked": "blocked",
+        "hami_trio_container_utilization_switch": "switch",
+        "hami_trio_container_blocked_seconds_total": "blocked_seconds",
+        "hami_trio_container_blocks_total": "blocks",
     }
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -115,9 +144,14 @@ def parse_metrics(text: str, t: float) -> AgentSample:
             if name in per_container and labels.get("vdevice_index") == "0":
                 key = (labels.get("pod", ""), labels.get("container", ""))
                 fields.setdefault(key, {})[per_container[name]] = value
-            elif name == "hami_trio_container_blocked":
+            elif name in per_owner:
                 key = (labels.get("pod", ""), labels.get("container", ""))
-                fields.setdefault(key, {})["blocked"] = value
+                fields.setdefault(key, {})[per_owner[name]] = value
+            elif name == "hami_trio_container_processes":
+                key = (labels.get("pod", ""), labels.get("container", ""))
+                fields.setdefault(key, {})[f"state:{labels.get('state', '')}"] = value
+            elif name == "hami_trio_monitor_process_liveness_checked":
+                liveness = value == 1
             elif name == "hami_trio_monitor_mig_paused":
                 paused = value == 1
             elif name == _TICKS:
@@ -133,6 +167,7 @@ def parse_metrics(text: str, t: float) -> AgentSample:
         containers={key: _container(values) for key, values in fields.items()},
         mig_paused=paused,
         ticks=ticks,
+        liveness_checked=liveness,
         exchanges=exchanges,
         latency_buckets=tuple(sorted(buckets)),
         latency_sum=latency_sum,

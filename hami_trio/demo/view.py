@@ -68,6 +68,19 @@ def _host_pid(w: WorkloadRecord) -> str:
     return str(answer)
 
 
+_STATE_WORDS: Final = (("running", "run"), ("exited", "EXITED"), ("unknown", "unknown"))
+
+
+def _processes(metrics: ContainerMetrics) -> str:
+    """The agent's ``hami_trio_container_processes`` of a container, e.g. ``1 unknown``."""
+    if not metrics.processes:
+        return "-"
+    shown = [
+        f"{metrics.processes[s]} {word}" for s, word in _STATE_WORDS if metrics.processes.get(s)
+    ]
+    return " ".join(shown) or "0"
+
+
 def _metrics(w: WorkloadRecord, sample: AgentSample | None) -> ContainerMetrics:
     if sample is None:
         return ContainerMetrics()
@@ -109,8 +122,9 @@ def render_frame(
         f"metrics: {record.metrics_url or '-'}",
         _agent_line(record, sample, now),
         "",
-        f"{'CONTAINER':<12} {'PRIO':>4}  {'GPU':<8}  {'MEMORY USED / LIMIT':<21} {'SM%':>4}  "
-        f"{'STATE':<13} {'RK':>3} {'SW':>2}  {'HOST PID':>9}  {'PID IN SANDBOX':>14}",
+        f"{'CONTAINER':<12} {'PRIO':>4}  {'GPU':<8}  {'MEMORY USED / LIMIT':<21} {'SM%':>4} "
+        f"{'CORE%':>5}  {'PROCS':<9}  {'STATE':<13} {'RK':>3} {'SW':>2}  {'HOST PID':>14}  "
+        f"{'PID IN SANDBOX':>14}",
     ]
     for w in record.workloads:
         metrics = _metrics(w, sample)
@@ -126,15 +140,22 @@ def render_frame(
         rk = status.get("recent_kernel", "-")
         sw = status.get("utilization_switch", "-")
         sandbox_pid = "-" if w.attached is None else str(w.attached.get("pid"))
+        core = "-" if metrics.core_limit is None else str(metrics.core_limit)
+        procs = _processes(metrics)
+        shown_procs = f"{procs:<9}"
+        if metrics.processes.get("exited") or metrics.processes.get("unknown"):
+            shown_procs = paint(shown_procs, "yellow")
         lines.append(
             f"{w.spec.name:<12} {w.spec.priority:>4}  {_short_gpu(w.spec.gpu):<8}  {memory:<21} "
-            f"{sm:>4}  {shown} {rk!s:>3} {sw!s:>2}  {_host_pid(w):>9}  {sandbox_pid:>14}"
+            f"{sm:>4} {core:>5}  {shown_procs}  {shown} {rk!s:>3} {sw!s:>2}  "
+            f"{_host_pid(w):>14}  {sandbox_pid:>14}"
         )
     lines += [
         "",
         paint(
-            "MEMORY, SM% = the agent's /metrics | STATE, RK = recent_kernel, SW = "
-            "utilization_switch = the workload's own shared region",
+            "MEMORY, SM%, CORE% (core limit), PROCS (processes by host PID state) = the agent's "
+            "/metrics | STATE, RK = recent_kernel, SW = utilization_switch = the workload's own "
+            "shared region",
             "dim",
         ),
         "events:",
@@ -155,7 +176,7 @@ def render_plain(record: RunRecord, sample: AgentSample | None, now: float) -> l
         memory = f"{format_bytes(metrics.memory_used)}/{format_bytes(metrics.memory_limit)}"
         lines.append(
             f"{stamp} {w.spec.name:<12} prio {w.spec.priority}  mem {memory}  SM {sm:>4}  "
-            f"{_state(w, now):<13} host PID {_host_pid(w)}"
+            f"procs {_processes(metrics):<9}  {_state(w, now):<13} host PID {_host_pid(w)}"
         )
     return lines
 

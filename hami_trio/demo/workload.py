@@ -119,6 +119,8 @@ class WorkloadPlan:
         user_namespace: sandbox in a user namespace (the demo does not run as root).
         run_as: drop to this UID/GID inside the sandbox (None: keep the sandbox's root).
         socket_path: the broker socket as the workload sees it.
+        exits_at: the fraction of the run at which the process ends abruptly, its slot left
+            as it is (HAMi-core's exit clean-up does not run after a SIGKILL); None: never.
     """
 
     name: str
@@ -131,6 +133,7 @@ class WorkloadPlan:
     user_namespace: bool = False
     run_as: int | None = None
     socket_path: str = str(DEFAULT_CLIENT_SOCKET_PATH)
+    exits_at: float | None = None
 
     def to_json(self) -> str:
         """The argv form (inverse of :meth:`from_json`)."""
@@ -332,16 +335,22 @@ def _run(plan: WorkloadPlan, settings: HamiCoreSettings, stop: _Stop) -> int:
     state: State = "idle"
     next_step = max(start, time.monotonic())
     peak = 0
+    crashed = False
     while not (stop.requested or stdin.closed):
         now = time.monotonic()
         fraction = (now - start) / plan.duration
+        if plan.exits_at is not None and fraction >= plan.exits_at:
+            crashed = True  # the slot stays as it is: nobody clears it
+            break
         busy = busy_at(behaviour.busy, fraction) if now >= start else False
         recent, switch = region.read_control()
         state = tracker.decide(now, busy, recent)
         if state == "running":
             region.launch_kernel()
         memory = memory_at(behaviour.memory, fraction, busy and state != "idle")
-        sm_util = behaviour.sm_util if state == "running" else 0
+        # HAMi-core attributes NVML's per-process SM utilisation by host PID: without one
+        # it cannot, and the slot reads 0 (the "SM utilisation 0" report upstream).
+        sm_util = behaviour.sm_util if state == "running" and host_pid else 0
         if last is None or (state, memory, sm_util) != last:
             region.set_slot(0, _slot(pid, host_pid, memory, sm_util))
         peak = max(peak, sum(memory))
@@ -374,6 +383,7 @@ def _run(plan: WorkloadPlan, settings: HamiCoreSettings, stop: _Stop) -> int:
         episodes=tracker.episodes,
         windows=tracker.windows,
         peak_memory=peak,
+        crashed=crashed,
     )
     return 0
 

@@ -39,7 +39,7 @@ from hami_trio.metrics.exportstate import (
     RejectionView,
     export_state,
 )
-from hami_trio.metrics.exposition import FastGauge, render_labels
+from hami_trio.metrics.exposition import FastCounter, FastGauge, render_labels
 from hami_trio.metrics.hostgpu import HostGpuSampler, host_gpu_families
 from hami_trio.pods.migalloc import (
     MIG_ALLOCATIONS_ANNOTATION,
@@ -58,6 +58,7 @@ __all__ = [
     "BuildInfoCollector",
     "ContainerView",
     "DeviceView",
+    "InsightView",
     "MonitorView",
     "SnapshotView",
     "VGpuCollector",
@@ -148,7 +149,49 @@ class MonitorView(Protocol):
         ...
 
 
+class ProcessCountsView(Protocol):
+    """A container's live slots by process state."""
+
+    @property
+    def running(self) -> int: ...
+    @property
+    def exited(self) -> int: ...
+    @property
+    def unknown(self) -> int: ...
+
+
+class BlockView(Protocol):
+    """A container's priority-blocking counters."""
+
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def blocks(self) -> int: ...
+
+
+class InsightView(Protocol):
+    """What the monitor derived for one container in its latest tick (its ``insights()``)."""
+
+    @property
+    def processes(self) -> ProcessCountsView: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def utilization_switch(self) -> int: ...
+    @property
+    def block(self) -> BlockView: ...
+    @property
+    def core_limits(self) -> Sequence[int]: ...
+    @property
+    def device_processes(self) -> Sequence[int]: ...
+    @property
+    def devices(self) -> Sequence[DeviceView] | None:
+        """The sums without exited slots (``--exclude-exited-processes``), or None."""
+        ...
+
+
 _CONTAINER_LABELS: Final = ("namespace", "pod", "container", "vdevice_index", "device_uuid")
+_OWNER_LABELS: Final = ("namespace", "pod", "container")
 _LEGACY_LABELS: Final = ("podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid")
 _MIG_LABELS: Final = (
     *_CONTAINER_LABELS,
@@ -194,12 +237,57 @@ class _LabelCache:
             self._entries = {}
 
 
+_STATES: Final = ("running", "exited", "unknown")
+_StateLabels = tuple[
+    tuple[tuple[str, ...], str], tuple[tuple[str, ...], str], tuple[tuple[str, ...], str]
+]
+_OwnerLabels = tuple[str, _StateLabels]
+
+
+class _InsightLabels:
+    """Rendered label strings of the insight rows, kept across scrapes (bounded like
+    :class:`_LabelCache`): per owner its three ``state`` label sets, per device its labels
+    without ``zone``."""
+
+    def __init__(self) -> None:
+        self._owners: dict[tuple[str, str, str], _OwnerLabels] = {}
+        self._devices: dict[tuple[str, ...], str] = {}
+
+    def owner(self, owner: tuple[str, str, str]) -> _OwnerLabels:
+        """``(namespace, pod, container)`` rendered, and with each ``state`` (values and
+        rendering) for running, exited, unknown."""
+        labels = self._owners.get(owner)
+        if labels is None:
+            rendered = render_labels(_OWNER_LABELS, owner)
+            base = rendered[:-1]
+            running, exited, unknown = (
+                ((*owner, state), f'{base},state="{state}"}}') for state in _STATES
+            )
+            labels = self._owners[owner] = (rendered, (running, exited, unknown))
+        return labels
+
+    def device(self, ids: tuple[str, ...]) -> str:
+        """``(ns, pod, container, index, uuid)`` rendered without ``zone``."""
+        rendered = self._devices.get(ids)
+        if rendered is None:
+            rendered = self._devices[ids] = render_labels(_CONTAINER_LABELS, ids)
+        return rendered
+
+    def trim(self, in_use: int) -> None:
+        """Forget everything once the cache is far larger than what a scrape uses."""
+        if len(self._devices) + len(self._owners) > 4 * in_use + 1024:
+            self._owners, self._devices = {}, {}
+
+
 class _Families:
     """The families of one scrape, created empty and filled per container."""
 
-    def __init__(self, legacy: bool, labels: _LabelCache) -> None:
+    def __init__(
+        self, legacy: bool, labels: _LabelCache, insight_labels: _InsightLabels | None = None
+    ) -> None:
         self._labels = labels
-        self._rows: list[list[tuple[tuple[str, ...], str, int]]] | None = None
+        self._insight_labels = _InsightLabels() if insight_labels is None else insight_labels
+        self._rows: list[list[tuple[tuple[str, ...], str, float]]] | None = None
         self.devices = 0
         new = (*_CONTAINER_LABELS, "zone")
 
@@ -237,6 +325,7 @@ class _Families:
             "1 while the monitor blocks the container's kernel launches (recent_kernel < 0)",
             ("namespace", "pod", "container"),
         )
+        self._insight_families()
         self.legacy = legacy
         old = (*_LEGACY_LABELS, "zone")
         self.legacy_used = gauge("vGPU_device_memory_usage_in_bytes", "vGPU device usage", old)
@@ -258,15 +347,17 @@ class _Families:
             (*_LEGACY_LABELS, "instanceid", "zone"),
         )
 
-    def every(self) -> list[FastGauge]:
+    def every(self) -> list[FastGauge | FastCounter]:
         """Every family of the scrape, legacy ones included."""
-        return [value for value in vars(self).values() if isinstance(value, FastGauge)]
+        return [
+            value for value in vars(self).values() if isinstance(value, FastGauge | FastCounter)
+        ]
 
     def checkpoint(self) -> list[int]:
         """The current length of every family (see :meth:`rollback`); cheap, once per
         container."""
         if self._rows is None:
-            self._rows = [family._rows for family in self.every()]
+            self._rows = [family._rows for family in self.every()]  # type: ignore[misc]
         return list(map(len, self._rows))
 
     def rollback(self, checkpoint: list[int]) -> None:
@@ -297,6 +388,94 @@ class _Families:
                 self.legacy_mig,
             ]
         return families
+
+    # -- the monitor's insight per container (processes, limits, feedback state) ---------
+
+    def _insight_families(self) -> None:
+        owner, device = _OWNER_LABELS, _CONTAINER_LABELS
+        self.processes = FastGauge(
+            "hami_trio_container_processes",
+            "Live process slots of the container by state: running (host PID alive), exited "
+            "(host PID set, no such process; still in upstream's sums), unknown (host PID 0)",
+            (*owner, "state"),
+        )
+        self.device_processes = FastGauge(
+            "hami_trio_container_device_processes",
+            "Live process slots of the container using this device (memory or SM use not 0)",
+            device,
+        )
+        self.core_limit = FastGauge(
+            "hami_trio_container_core_limit_ratio",
+            "The container's SM limit on this device in percent (sm_limit; 0: no limit)",
+            device,
+        )
+        self.priority = FastGauge(
+            "hami_trio_container_priority",
+            "The container's task priority (CUDA_TASK_PRIORITY; lower is more important)",
+            owner,
+        )
+        self.utilization_switch = FastGauge(
+            "hami_trio_container_utilization_switch",
+            "The utilization_switch word after the latest tick (1: SM limit enforced)",
+            owner,
+        )
+        self.blocked_seconds = FastCounter(
+            "hami_trio_container_blocked_seconds",
+            "Seconds the monitor's priority blocking held the container (tick resolution)",
+            owner,
+        )
+        self.blocks = FastCounter(
+            "hami_trio_container_blocks",
+            "Times the monitor's priority blocking started holding the container",
+            owner,
+        )
+
+    def insight_families(self) -> list[FastGauge | FastCounter]:
+        """The families filled by :meth:`add_insight`."""
+        return [
+            self.processes,
+            self.device_processes,
+            self.core_limit,
+            self.priority,
+            self.utilization_switch,
+            self.blocked_seconds,
+            self.blocks,
+        ]
+
+    def owner_labels(self, owner: tuple[str, str, str]) -> _OwnerLabels:
+        """The rendered ``namespace, pod, container`` labels (cached across scrapes)."""
+        return self._insight_labels.owner(owner)
+
+    def add_insight(
+        self,
+        owner: tuple[str, str, str],
+        labels: _OwnerLabels,
+        insight: InsightView,
+        devices: Sequence[tuple[tuple[str, ...], int]],
+    ) -> None:
+        """The insight rows of one container; ``devices`` = (label values, device index) of
+        each device upstream's rows were exported for."""
+        rendered_owner, ((run_ids, run), (exit_ids, exit_), (unk_ids, unk)) = labels
+        processes = insight.processes
+        rows = self.processes._rows
+        rows.append((run_ids, run, processes.running))
+        rows.append((exit_ids, exit_, processes.exited))
+        rows.append((unk_ids, unk, processes.unknown))
+        self.priority._rows.append((owner, rendered_owner, insight.priority))
+        self.utilization_switch._rows.append((owner, rendered_owner, insight.utilization_switch))
+        block = insight.block
+        self.blocked_seconds.add(owner, rendered_owner, block.seconds)
+        self.blocks.add(owner, rendered_owner, block.blocks)
+        if not devices:
+            return
+        limits, users = insight.core_limits, insight.device_processes
+        device_labels = self._insight_labels.device
+        for ids, index in devices:
+            rendered = device_labels(ids)
+            if index < len(users):
+                self.device_processes._rows.append((ids, rendered, users[index]))
+            if index < len(limits):
+                self.core_limit._rows.append((ids, rendered, limits[index]))
 
     def add_device(self, ids: tuple[str, ...], device: DeviceView, elapsed: int | None) -> None:
         """All rows of one device; ``ids`` = (namespace, pod, container, index, uuid)."""
@@ -338,6 +517,14 @@ class _Families:
             self.legacy_memory.add(memory_values, memory_rendered, total)
 
 
+def _summed_devices(snapshot: SnapshotView, insight: InsightView | None) -> Sequence[DeviceView]:
+    """The snapshot's devices, or the sums without exited slots when the monitor made them."""
+    if insight is None:
+        return snapshot.devices
+    without = insight.devices
+    return snapshot.devices if without is None else without
+
+
 class VGpuCollector(Collector):
     """Upstream's vGPUmonitor metrics (plus ``hami_trio_container_blocked``) per scrape.
 
@@ -354,6 +541,9 @@ class VGpuCollector(Collector):
         host: the NVML sampler for host GPU families; None: no host families.
         legacy: also export upstream's legacy names and labels.
         wall_clock: Unix time for ``last_kernel_elapsed`` (tests inject one).
+        insights: the monitor's per-container insights of its latest tick, by the same keys
+            as ``monitor.containers()`` (``Monitor.insights``); None: no process, limit and
+            feedback-state families.
     """
 
     def __init__(
@@ -367,6 +557,7 @@ class VGpuCollector(Collector):
         host: HostGpuSampler | None = None,
         legacy: bool = False,
         wall_clock: Callable[[], float] = time.time,
+        insights: Callable[[], Mapping[Any, InsightView]] | None = None,
     ) -> None:
         self._monitor = monitor
         self._pods = pod_source
@@ -376,12 +567,14 @@ class VGpuCollector(Collector):
         self._host = host
         self._legacy = legacy
         self._clock = wall_clock
+        self._insights = insights
         # Decoded MIG annotations by pod UID: (raw value, allocations or None when invalid).
         # Scrapes may run in two threads at once, hence the lock.
         self._mig_cache: dict[str, tuple[str, tuple[MigAllocation, ...] | None]] = {}
         self._mig_lock = threading.Lock()
         self._warnings = RateLimiter(WARNING_INTERVAL, max_keys=4096)
         self._labels = _LabelCache()
+        self._insight_labels = _InsightLabels()
         self._errors = dict.fromkeys(COLLECTOR_ERROR_PHASES, 0)
         self._errors_lock = threading.Lock()
         self._states: dict[ExportState, int] = dict.fromkeys(EXPORT_STATES, 0)
@@ -394,18 +587,24 @@ class VGpuCollector(Collector):
             *host,
             *families.upstream(),
             families.blocked,
+            *families.insight_families(),
             self._error_family(),
             self._state_family(),
         ]
 
     def collect(self) -> list[Metric]:
         """Build every family from the latest snapshots (called by the registry per scrape)."""
-        families = _Families(self._legacy, self._labels)
+        families = _Families(self._legacy, self._labels, self._insight_labels)
         self._collect_containers(families)
         self._labels.trim(families.devices)
+        self._insight_labels.trim(families.devices)
         self._collect_mig(families)
         host = self._collect_host()
-        fast = [family for family in (*families.upstream(), families.blocked) if len(family)]
+        fast = [
+            family
+            for family in (*families.upstream(), families.blocked, *families.insight_families())
+            if len(family)
+        ]
         # Like Go's registry, a family without samples is not exposed at all.
         return [
             *(family for family in host if family.samples),
@@ -456,7 +655,8 @@ class VGpuCollector(Collector):
         now = int(self._clock())
         paused = self._monitor.paused
         states: dict[ExportState, int] = dict.fromkeys(EXPORT_STATES, 0)
-        for container in list(self._monitor.containers().values()):
+        insights: Mapping[Any, InsightView] = {} if self._insights is None else self._insights()
+        for key, container in list(self._monitor.containers().items()):
             checkpoint = families.checkpoint()
             try:
                 decision = export_state(
@@ -468,7 +668,9 @@ class VGpuCollector(Collector):
                 )
                 states[decision.state] += 1
                 if decision.pod is not None and decision.exported:
-                    self._collect_container(families, container, decision.pod, now)
+                    self._collect_container(
+                        families, container, decision.pod, now, insights.get(key)
+                    )
             except Exception as exc:
                 families.rollback(checkpoint)
                 self._failed(
@@ -483,25 +685,34 @@ class VGpuCollector(Collector):
         self._states = states
 
     def _collect_container(
-        self, families: _Families, container: ContainerView, pod: PodInfo, now: int
+        self,
+        families: _Families,
+        container: ContainerView,
+        pod: PodInfo,
+        now: int,
+        insight: InsightView | None = None,
     ) -> None:
         snapshot = container.snapshot
         if snapshot is None:
             return
         name = container.container_name
         owner = (pod.namespace, pod.name, name)
-        families.blocked.add(
-            owner,
-            render_labels(("namespace", "pod", "container"), owner),
-            1 if snapshot.recent_kernel < 0 else 0,
-        )
+        owner_labels = families.owner_labels(owner)
+        rendered_owner = owner_labels[0]
+        families.blocked.add(owner, rendered_owner, 1 if snapshot.recent_kernel < 0 else 0)
         last = _int64(snapshot.last_kernel_time)
         elapsed = max(now - last, 0) if last > 0 else None
-        for device in snapshot.devices:
+        devices = _summed_devices(snapshot, insight)
+        exported: list[tuple[tuple[str, ...], int]] = []
+        for device in devices:
             uuid = device.uuid.label
             if uuid is None:
                 continue
-            families.add_device((*owner, str(device.index), uuid), device, elapsed)
+            ids = (*owner, str(device.index), uuid)
+            families.add_device(ids, device, elapsed)
+            exported.append((ids, device.index))
+        if insight is not None:
+            families.add_insight(owner, owner_labels, insight, exported)
 
     def _allocations(self, pod: PodInfo) -> tuple[MigAllocation, ...] | None:
         raw = pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, "")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
-__all__ = ["FastGauge", "escape_label_value", "render_labels"]
+__all__ = ["FastCounter", "FastGauge", "escape_label_value", "render_labels"]
 
 
 def escape_label_value(value: str) -> str:
@@ -80,9 +80,62 @@ class FastGauge(Metric):
         """Add a sample: label values, their rendering from :func:`_render_labels`, value."""
         self._rows.append((values, rendered, value))
 
-    def exposition(self) -> str:
-        """``# HELP``, ``# TYPE`` and one line per sample (valid text 0.0.4 and OpenMetrics)."""
+    def exposition(self, openmetrics: bool = False) -> str:
+        """``# HELP``, ``# TYPE`` and one line per sample (the same lines in text 0.0.4 and
+        OpenMetrics, so ``openmetrics`` changes nothing)."""
         name = self.name
         help_text = self.documentation.replace("\\", "\\\\").replace("\n", "\\n")
         head = f"# HELP {name} {help_text}\n# TYPE {name} gauge\n"
         return head + "".join(f"{name}{rendered} {value}\n" for _, rendered, value in self._rows)
+
+
+class FastCounter(Metric):
+    """A counter family rendered like :class:`FastGauge` (int or float values, no
+    ``_created``).
+
+    ``name`` is given without ``_total``; every sample is ``name_total``.  The text format
+    names the ``# HELP``/``# TYPE`` lines ``name_total`` (as prometheus-client does),
+    OpenMetrics names them ``name``.
+    """
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
+        self._rows: list[tuple[tuple[str, ...], str, float]] = []
+        super().__init__(name, documentation, "counter")
+        self.labelnames = tuple(labelnames)
+
+    @property
+    def samples(self) -> list[Sample]:
+        """The samples as prometheus-client values (built on each access)."""
+        return [
+            Sample(
+                f"{self.name}_total", dict(zip(self.labelnames, values, strict=True)), float(value)
+            )
+            for values, _, value in self._rows
+        ]
+
+    @samples.setter
+    def samples(self, value: list[Sample]) -> None:
+        if value:
+            raise TypeError("add samples to a FastCounter with add()")
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def truncate(self, length: int) -> None:
+        """Drop the samples added after the first ``length``."""
+        del self._rows[length:]
+
+    def add(self, values: tuple[str, ...], rendered: str, value: float) -> None:
+        """Add a sample: label values, their rendering, value (an int or a finite float,
+        never negative)."""
+        self._rows.append((values, rendered, value))
+
+    def exposition(self, openmetrics: bool = False) -> str:
+        """``# HELP``, ``# TYPE`` and one ``name_total`` line per sample."""
+        sample = f"{self.name}_total"
+        head_name = self.name if openmetrics else sample
+        help_text = self.documentation.replace("\\", "\\\\").replace("\n", "\\n")
+        head = f"# HELP {head_name} {help_text}\n# TYPE {head_name} counter\n"
+        return head + "".join(
+            f"{sample}{rendered} {value!r}\n" for _, rendered, value in self._rows
+        )

@@ -187,12 +187,12 @@ class HttpCollector(Collector):
 class SelfRendering(Protocol):
     """A metric family that writes its own exposition text (``exposition.FastGauge``).
 
-    The text must be valid in both the Prometheus text format and OpenMetrics (true for
-    gauges: ``# HELP``, ``# TYPE`` and ``name{labels} value`` lines).
+    Gauges write the same lines in both formats; counters (``exposition.FastCounter``) name
+    their ``# HELP``/``# TYPE`` lines differently in OpenMetrics, hence ``openmetrics``.
     """
 
-    def exposition(self) -> str:
-        """The family's lines, each ending in a newline."""
+    def exposition(self, openmetrics: bool = False) -> str:
+        """The family's lines in the chosen format, each ending in a newline."""
         ...
 
 
@@ -225,7 +225,7 @@ def render_metrics(registry: CollectorRegistry, accept: str, names: list[str]) -
     for family in registry.collect():
         exposition = getattr(family, "exposition", None)
         if exposition is not None:
-            parts.append(cast(SelfRendering, family).exposition())
+            parts.append(cast(SelfRendering, family).exposition(openmetrics))
             continue
         text = encoder(cast(Collector, _OneFamily(family))).decode("utf-8")
         if openmetrics and text.endswith(_EOF):

@@ -148,10 +148,11 @@ class _Family(FastGauge):
         super().__init__(name, documentation, labelnames)
         self._text: str | None = None
 
-    def exposition(self) -> str:
+    def exposition(self, openmetrics: bool = False) -> str:
+        # A gauge's lines are the same in both formats, so one cached text serves both.
         text = self._text
         if text is None:
-            text = self._text = super().exposition()
+            text = self._text = super().exposition(openmetrics)
         return text
 
 

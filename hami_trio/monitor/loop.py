@@ -17,7 +17,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
@@ -30,9 +30,12 @@ from hami_trio._fs import file_kind
 from hami_trio._trio import raise_fd_limit
 from hami_trio.errors import ConfigError
 from hami_trio.logs import RateLimiter
-from hami_trio.monitor.feedback import observe
+from hami_trio.monitor.explain import Explainer
+from hami_trio.monitor.feedback import Write, observe
+from hami_trio.monitor.insight import ContainerInsight
 from hami_trio.monitor.layout import RejectReason
 from hami_trio.monitor.lister import ContainerKey, ContainerLister, ContainerState
+from hami_trio.monitor.liveness import in_host_pid_namespace, live_pids, pid_alive
 from hami_trio.monitor.snapshot import UsageSnapshot
 from hami_trio.pods.source import PodSource
 
@@ -75,7 +78,10 @@ _LOST_EVENTS = (
 class MonitorConfig:
     """Everything the monitor needs to run (the agent builds it from its own configuration).
 
-    ``tick_deadline`` None means "the interval".
+    ``tick_deadline`` None means "the interval".  ``exclude_exited_processes`` leaves the
+    slots of exited processes out of the exported memory and utilisation sums (never out of
+    the feedback).  ``host_pid_namespace`` says whether slots' host PIDs can be checked for
+    liveness here; None: detect it (``/proc/self/ns/pid`` is the initial PID namespace).
     """
 
     hook_path: Path
@@ -83,6 +89,8 @@ class MonitorConfig:
     resync_interval: float = DEFAULT_RESYNC_INTERVAL
     mig_lock_path: Path = field(default=DEFAULT_MIG_LOCK_PATH)
     tick_deadline: float | None = None
+    exclude_exited_processes: bool = False
+    host_pid_namespace: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.interval > 0:
@@ -339,6 +347,23 @@ class _SelfMetrics:
         )
         for outcome in ("removed", "failed"):
             self.removals.labels(outcome=outcome)
+        self.liveness = Gauge(
+            "hami_trio_monitor_process_liveness_checked",
+            "1 when the agent is in the host PID namespace and tells exited processes from "
+            "running ones (hami_trio_container_processes); 0: every set host PID counts as "
+            "running.",
+            registry=registry,
+        )
+        self.liveness_checks = Counter(
+            "hami_trio_monitor_process_liveness_checks_total",
+            "Host PIDs checked one by one for liveness (kill(pid, 0); at most 256 per tick).",
+            registry=registry,
+        )
+        self.liveness_listings = Counter(
+            "hami_trio_monitor_process_listings_total",
+            "Ticks that listed /proc once instead (more than 256 distinct host PIDs).",
+            registry=registry,
+        )
 
 
 class _LockWatch:
@@ -455,6 +480,8 @@ class Monitor:
             on_removal=lambda outcome: self._metrics.removals.labels(outcome=outcome).inc(),
         )
         self._watch = _LockWatch(config.mig_lock_path, self._lock_changed)
+        self._explainer = _explainer(config, self._lister)
+        self._metrics.liveness.set(1 if self._explainer.classifier.checks_liveness else 0)
         self._paused = False
         self._stop = False
         self._serving = False
@@ -481,6 +508,16 @@ class Monitor:
     def lister(self) -> ContainerLister:
         """The lister this monitor ticks: what it tracks, its handles, its removals."""
         return self._lister
+
+    def insights(self) -> Mapping[ContainerKey, ContainerInsight]:
+        """The latest completed tick's insight per loaded container: processes by state,
+        priority, control words after the tick, blocking counters (immutable)."""
+        return self._explainer.insights()
+
+    @property
+    def checks_liveness(self) -> bool:
+        """Whether exited processes are told from running ones (host PID namespace)."""
+        return self._explainer.classifier.checks_liveness
 
     @property
     def paused(self) -> bool:
@@ -574,11 +611,30 @@ class Monitor:
         written = 0
         if writes and not self._lock_present():
             written = self._lister.apply(writes)
+        await self._explain(snapshots, writes if written else ())
         self._ticks += 1
         self._last_tick_time = self._wall_clock()
         self._metrics.last_tick.set(self._last_tick_time)
         self._metrics.tick.observe(time.perf_counter() - started)
         return written
+
+    async def _explain(
+        self,
+        snapshots: Mapping[ContainerKey, UsageSnapshot],
+        written: Sequence[Write[ContainerKey]],
+    ) -> None:
+        classifier = self._explainer.classifier
+        checks, listings = classifier.checks, classifier.listings
+        try:
+            await self._explainer.update(trio.current_time(), snapshots, written)
+        except OSError as exc:  # /proc cannot be listed: this tick's insights stay as they were
+            self._limiter.log(
+                logger, logging.WARNING, "liveness", "process states not updated: %s", exc
+            )
+        if classifier.checks > checks:
+            self._metrics.liveness_checks.inc(classifier.checks - checks)
+        if classifier.listings > listings:
+            self._metrics.liveness_listings.inc(classifier.listings - listings)
 
     async def _guarded_tick(self) -> None:
         deadline = self._config.tick_deadline or self._config.interval
@@ -697,6 +753,24 @@ class Monitor:
             self._watch.close()
             self._lister.close()
             self._serving = False
+
+
+def _explainer(config: MonitorConfig, lister: ContainerLister) -> Explainer:
+    in_host = config.host_pid_namespace
+    if in_host is None:
+        in_host = in_host_pid_namespace()
+    if not in_host:
+        logger.info(
+            "not in the host PID namespace: processes with a host PID are reported running, "
+            "none exited (hami_trio_monitor_process_liveness_checked 0)%s",
+            "; --exclude-exited-processes has no effect" if config.exclude_exited_processes else "",
+        )
+    return Explainer(
+        pid_alive if in_host else None,
+        live_pids,
+        exclude_exited=config.exclude_exited_processes,
+        handle_of=lister.handle_of,
+    )
 
 
 async def serve_monitor(

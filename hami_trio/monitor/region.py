@@ -21,10 +21,17 @@ from collections.abc import Sequence
 
 from hami_trio._fs import file_kind
 from hami_trio.errors import CacheFileRejected
-from hami_trio.monitor.layout import ControlField, RejectReason
-from hami_trio.monitor.snapshot import RegionDecoder, UsageSnapshot
+from hami_trio.monitor.layout import LAYOUTS, ControlField, RejectReason, clamp_proc_num
+from hami_trio.monitor.snapshot import (
+    RegionDecoder,
+    SlotTotals,
+    UsageSnapshot,
+    parse_static,
+    slot_rows,
+    sum_rows_without,
+)
 
-__all__ = ["RegionHandle", "read_region_file"]
+__all__ = ["RegionHandle", "read_region_file", "read_totals_without"]
 
 _I32 = struct.Struct("<i")
 
@@ -280,3 +287,27 @@ def read_region_file(path: str | os.PathLike[str]) -> UsageSnapshot:
         return handle.read()
     finally:
         handle.close()
+
+
+def read_totals_without(
+    handle: RegionHandle, snapshot: UsageSnapshot, host_pids: frozenset[int]
+) -> SlotTotals:
+    """Re-read the live slots of ``handle``'s file and sum them without those whose host PID
+    is in ``host_pids`` (``--exclude-exited-processes``; a cold path, off the tick's read).
+
+    The file is read afresh at the layout and slot count of ``snapshot`` (the handle's
+    latest read); its header, limits and UUIDs are decoded again from the same bytes.
+
+    Raises:
+        CacheFileRejected: the file changed size since ``snapshot``, shrank during the read,
+            or cannot be read.
+    """
+    layout = LAYOUTS[snapshot.format]
+    if handle.size() != snapshot.file_size:
+        raise CacheFileRejected(
+            RejectReason.TRUNCATED, f"{handle.display} changed size since it was read"
+        )
+    slots = clamp_proc_num(snapshot.proc_num)
+    head = handle._pread(layout.body_size(slots), 0)
+    static = parse_static(layout, head)
+    return sum_rows_without(slot_rows(layout, head, slots, static.device_count), static, host_pids)

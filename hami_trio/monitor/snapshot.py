@@ -47,6 +47,7 @@ __all__ = [
     "slot_rows",
     "slot_struct",
     "sum_rows",
+    "sum_rows_without",
     "sum_slots",
 ]
 
@@ -643,3 +644,11 @@ def parse_region(
     if len(data) < end:
         raise ValueError(f"{layout.name} data needs {end} bytes, got {len(data)}")
     return parse_usage(layout, size, data, data[layout.tail_offset : end])
+
+
+def sum_rows_without(
+    rows: list[tuple[int, ...]], static: StaticInfo, host_pids: frozenset[int]
+) -> SlotTotals:
+    """:func:`sum_rows` leaving out the slots whose host PID is in ``host_pids`` (the exited
+    processes, for ``--exclude-exited-processes``); the monitor's read path never calls it."""
+    return sum_rows([row for row in rows if row[1] not in host_pids], static)

@@ -78,6 +78,7 @@ def test_every_setting_reads_its_flag_then_its_variable() -> None:
         "no_kubernetes": "true",
         "legacy_metrics": "true",
         "pod_labels_allowlist": "team, app.kubernetes.io/name,team",
+        "exclude_exited_processes": "true",
     }
 
     def check(config: AgentConfig) -> None:
@@ -101,6 +102,7 @@ def test_every_setting_reads_its_flag_then_its_variable() -> None:
         assert (config.log_format, config.log_level) == ("json", "debug")
         assert config.legacy_metrics is True
         assert config.pod_labels_allowlist == ("team", "app.kubernetes.io/name")
+        assert config.monitor.exclude_exited_processes is True
 
     switch = {"LIBVGPU_HOSTPID_BROKER": "1"}
     argv = []
@@ -342,6 +344,7 @@ def test_print_config(
     assert doc["broker"]["socket_path"] == str(DEFAULT_SOCKET_PATH)
     assert doc["broker"]["lock_path"] == str(DEFAULT_LOCK_PATH)
     assert doc["sources"]["legacy_metrics"] == "--legacy-metrics"
+    assert doc["exclude_exited_processes"] is False  # off by default: upstream's sums
 
 
 def test_invalid_value_exits_2_with_one_line(

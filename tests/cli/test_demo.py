@@ -85,16 +85,33 @@ def test_short_demo_passes_every_check_and_leaves_nothing(tmp_path: Path) -> Non
                 proc.communicate()
     assert proc.returncode == 0, output
     summary = json.loads(summary_path.read_text())
-    names = [spec.name for spec in default_workloads(3)]
+    specs = default_workloads(5)  # the default --workloads
+    names = [spec.name for spec in specs]
     workloads = {w["name"]: w for w in summary["workloads"]}
     assert list(workloads) == names
 
     # Every workload got its own, correct host PID: the one this test saw in /proc.
     assert seen == {w["host_pid"] for w in workloads.values()}, output
-    for w in workloads.values():
-        assert w["broker_host_pid"] == w["host_pid"], w
+    for spec in specs:
+        w = workloads[spec.name]
+        if spec.broker:
+            assert w["broker_host_pid"] == w["host_pid"], w
+        else:  # its pod has no broker switch: it never asks
+            assert (w["broker_host_pid"], w["broker_reason"]) == (None, "disabled"), w
         assert (w["pid_in_sandbox"], w["uid_in_sandbox"]) == (1, 65534), w
-    assert summary["broker"]["exchanges"]["ok"] == len(names)
+    assert summary["broker"]["exchanges"]["ok"] == sum(spec.broker for spec in specs)
+
+    # The agent explained both: the unknown host PID, the dead process still counted.
+    explained = {row["workload"]: row for row in summary["explained"]["workloads"]}
+    assert explained["no-broker"]["unknown_seen"] is True
+    assert explained["no-broker"]["processes"]["unknown"] == 1
+    crashed = explained["crashed"]
+    assert crashed["crashed_at"] is not None
+    assert crashed["memory_after_crash"] > 0
+    assert crashed["exited_seen_after_crash"] is True
+    if summary["explained"]["liveness_checked"]:  # the demo runs in the host PID namespace
+        assert crashed["processes"]["exited"] == 1
+    assert explained["training"]["agent_blocks"] >= 1
     assert summary["broker"]["latency_mean_seconds"] > 0
 
     # The low-priority workload was blocked while the high-priority one ran, then unblocked.

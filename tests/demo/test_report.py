@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ def _final(windows: list[list[float]], episodes: list[list[float]]) -> dict[str,
 
 def good_record() -> RunRecord:
     """A 10 s run at a 0.5 s interval in which everything went as the scenario says."""
-    inference, training, notebook = default_workloads(3)
+    inference, training, notebook, no_broker, crashed = default_workloads(5)
     finals = {
         # Bursts at 10-30 % and 65-85 % of the run.
         "inference": _final([[101.0, 103.0], [106.5, 108.5]], []),
@@ -38,22 +39,47 @@ def good_record() -> RunRecord:
         ),
         "notebook": _final([[100.5, 102.0]], []),
     }
+    # no-broker runs on its own GPU all along; crashed dies at 30 % (103.0).
+    finals["no-broker"] = _final([[100.5, 109.5]], [])
+    finals["crashed"] = _final([[100.5, 103.0]], []) | {"crashed": True, "t": 103.0}
     workloads = []
-    for n, spec in enumerate((inference, training, notebook)):
+    for n, spec in enumerate((inference, training, notebook, no_broker, crashed)):
         w = WorkloadRecord(spec, f"pod-{n}", Path(f"/r/pod-{n}_{spec.name}"), 900 + n, 1000 + n)
         w.attached = {"type": "attached", "pid": 1, "uid": 65534, "host_pid": 1000 + n}
         w.attached |= {"reason": None, "detail": None, "broker_seconds": 0.001}
+        if not spec.broker:
+            w.attached |= {"host_pid": None, "reason": "disabled", "detail": "switch off"}
         w.final = finals[spec.name]
         w.exit_code = 0
         workloads.append(w)
-    memory = {(w.pod_uid, w.spec.name): ContainerMetrics(1 << 30, 8 << 30, 50) for w in workloads}
+
+    def agent_view(t: float) -> dict[tuple[str, str], ContainerMetrics]:
+        """What the agent exports at ``t``: the no-broker process unknown, the crashed one
+        exited once it died (its memory still counted), training's blocks counted."""
+        view = {}
+        for w in workloads:
+            state = "running"
+            if not w.spec.broker:
+                state = "unknown"
+            elif w.spec.exits_at is not None and t > 103.0:
+                state = "exited"
+            processes = dict.fromkeys(("running", "exited", "unknown"), 0) | {state: 1}
+            blocks = 2 if w.spec.name == "training" and t > 108.9 else 0
+            view[(w.pod_uid, w.spec.name)] = ContainerMetrics(
+                1 << 30, 8 << 30, 50, processes=processes, core_limit=w.spec.sm_limit, blocks=blocks
+            )
+        return view
+
     buckets = ((0.0001, 2), (0.00025, 3), (float("inf"), 3))
     samples = [
-        AgentSample(100.5, memory, False, 1, {"ok": 3}, buckets, 0.0003),
-        AgentSample(104.2, memory, True, 8, {"ok": 3}, buckets, 0.0003),
-        AgentSample(105.5, memory, True, 8, {"ok": 3}, buckets, 0.0003),
-        AgentSample(106.3, memory, False, 9, {"ok": 3}, buckets, 0.0003),
-        AgentSample(109.0, memory, False, 14, {"ok": 3}, buckets, 0.0003),
+        AgentSample(t, agent_view(t), paused, ticks, {"ok": 4}, buckets, 0.0003, True)
+        for t, paused, ticks in (
+            (100.5, False, 1),
+            (104.2, True, 8),
+            (105.5, True, 8),
+            (106.3, False, 9),
+            (109.0, False, 14),
+        )
     ]
     return RunRecord(
         workloads=workloads,
@@ -79,7 +105,15 @@ def test_a_good_run_passes_every_check() -> None:
     assert training["episodes"] == 2
     assert training["episode_times"] == [[1.2, 3.8], [6.6, 8.9]]
     assert training["blocked_seconds"] == pytest.approx(4.9)
-    assert [w["pid_correct"] for w in summary["workloads"]] == [True, True, True]
+    assert [w["pid_correct"] for w in summary["workloads"]] == [True] * 5
+    explained = {row["workload"]: row for row in summary["explained"]["workloads"]}
+    assert summary["explained"]["liveness_checked"] is True
+    assert explained["no-broker"]["unknown_seen"] is True
+    assert explained["crashed"]["crashed_at"] == 3.0
+    assert explained["crashed"]["exited_seen_after_crash"] is True
+    assert explained["crashed"]["memory_after_crash"] == 1 << 30
+    assert explained["training"]["agent_blocks"] == 2
+    assert explained["inference"]["core_limit"] == 60
     assert summary["mig"] == {
         "lock_created_at": 4.0,
         "lock_removed_at": 6.0,
@@ -88,13 +122,16 @@ def test_a_good_run_passes_every_check() -> None:
         "resumed_after_seconds": 0.3,
         "ticks_after_resume": 6,
     }
-    assert summary["broker"]["exchanges"] == {"ok": 3}
+    assert summary["broker"]["exchanges"] == {"ok": 4}
     assert summary["broker"]["latency_mean_seconds"] == pytest.approx(0.0001)
     assert summary["broker"]["latency_p99_at_most_seconds"] == 0.00025
     lines = "\n".join(render_summary(summary))
     assert "PID 1 in its sandbox -> host PID 1001 (correct)" in lines
     assert "training     (priority 1) blocked 2 times, 4.9 s in all" in lines
     assert "notebook     (priority 1) never blocked" in lines
+    assert "no answer: disabled - switch off" in lines
+    assert "no-broker    processes 1 unknown; core limit 50% <- no broker" in lines
+    assert "crashed      processes 1 exited; core limit 50% <- died at 3.0 s; its slot" in lines
     assert "FAIL" not in lines
 
 
@@ -136,7 +173,45 @@ def _not_exported(record: RunRecord) -> None:
 
 def _ticks_while_paused(record: RunRecord) -> None:
     old = record.samples[2]
-    record.samples[2] = AgentSample(old.t, old.containers, True, 9, old.exchanges)
+    record.samples[2] = AgentSample(
+        old.t, old.containers, True, 9, old.exchanges, liveness_checked=True
+    )
+
+
+def _processes(name: str, **states: int) -> Callable[[RunRecord], None]:
+    """The agent shows ``name``'s processes as ``states`` in every scrape."""
+
+    def change(record: RunRecord) -> None:
+        w = _workload(record, name)
+        for sample in record.samples:
+            key = (w.pod_uid, name)
+            metrics = sample.containers[key]
+            sample.containers[key] = replace(  # type: ignore[index]
+                metrics, processes=dict.fromkeys(("running", "exited", "unknown"), 0) | states
+            )
+
+    return change
+
+
+def _memory_gone_after_crash(record: RunRecord) -> None:
+    w = _workload(record, "crashed")
+    for sample in record.samples:
+        key = (w.pod_uid, "crashed")
+        if sample.t > 103.0:
+            sample.containers[key] = replace(sample.containers[key], memory_used=0)  # type: ignore[index]
+
+
+def _blocks_not_counted(record: RunRecord) -> None:
+    w = _workload(record, "training")
+    for sample in record.samples:
+        key = (w.pod_uid, "training")
+        sample.containers[key] = replace(sample.containers[key], blocks=0)  # type: ignore[index]
+
+
+def _broker_asked_without_switch(record: RunRecord) -> None:
+    attached = _workload(record, "no-broker").attached
+    assert attached is not None
+    attached |= {"host_pid": 1003, "reason": None}
 
 
 def _never_paused(record: RunRecord) -> None:
@@ -165,6 +240,11 @@ def _failed_exit(record: RunRecord) -> None:
         (_wrong_pid, "pids_correct"),
         (_no_namespace, "pids_correct"),
         (_no_broker_answer, "pids_correct"),
+        (_broker_asked_without_switch, "pids_correct"),
+        (_processes("no-broker", running=1), "host_pid_unknown_shown"),
+        (_processes("crashed", running=1), "exited_process_shown"),
+        (_memory_gone_after_crash, "exited_process_shown"),
+        (_blocks_not_counted, "blocking_counted"),
         (_set_final("training", episodes=[], blocked_seconds=0.0), "low_priority_blocked"),
         # Blocked while inference was idle (3-6.5 s, 2 s of grace), or blocked with nobody above it.
         (_set_final("training", episodes=[[101.2, 103.8], [105.2, 105.6]]), "blocking_explained"),
@@ -183,7 +263,9 @@ def _failed_exit(record: RunRecord) -> None:
 def test_each_defect_fails_its_check(defect: Callable[[RunRecord], None], check: str) -> None:
     record = good_record()
     record.samples = [
-        AgentSample(s.t, dict(s.containers), s.mig_paused, s.ticks, s.exchanges)
+        AgentSample(
+            s.t, dict(s.containers), s.mig_paused, s.ticks, s.exchanges, liveness_checked=True
+        )
         for s in record.samples
     ]
     defect(record)
@@ -191,6 +273,21 @@ def test_each_defect_fails_its_check(defect: Callable[[RunRecord], None], check:
     assert summary["checks"][check] is False
     assert summary["ok"] is False
     assert f"  [FAIL] {CHECKS[check]}" in render_summary(summary)
+
+
+def test_where_liveness_cannot_be_checked_a_dead_process_shows_as_running() -> None:
+    record = good_record()
+    record.samples = [
+        AgentSample(
+            s.t, dict(s.containers), s.mig_paused, s.ticks, s.exchanges, liveness_checked=False
+        )
+        for s in record.samples
+    ]
+    _processes("crashed", running=1)(record)
+    summary = summarize(record)
+    assert summary["checks"]["exited_process_shown"] is True
+    assert summary["explained"]["liveness_checked"] is False
+    assert "NO liveness check here" in "\n".join(render_summary(summary))
 
 
 def test_an_interrupted_run_is_not_ok() -> None:

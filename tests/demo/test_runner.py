@@ -75,8 +75,11 @@ async def test_an_agent_failing_mid_run_ends_the_run_and_is_reported(tmp_path: P
     assert summary["cleanup"]["stray_processes"] == []
     assert summary["checks"]["clean_shutdown"] is False
     assert summary["ok"] is False
-    # No broker in this test: every workload fell back, like HAMi-core without one.
-    assert {w["broker_reason"] for w in summary["workloads"]} == {"missing"}
+    # No broker in this test: every workload fell back, like HAMi-core without one (the one
+    # without the switch did not even look).
+    reasons = {w["name"]: w["broker_reason"] for w in summary["workloads"]}
+    assert reasons.pop("no-broker") == "disabled"
+    assert set(reasons.values()) == {"missing"}
     assert summary["checks"]["pids_correct"] is False
     assert all(w["exit_code"] == 0 for w in summary["workloads"])
     assert "agent FAILED: monitor failed: for the test" in out.getvalue()

@@ -115,7 +115,7 @@ def test_timing_needs_three_ticks_per_phase() -> None:
 
 
 def test_hami_core_env_round_trips_through_the_workloads_parser() -> None:
-    for spec in default_workloads(4):
+    for spec in default_workloads(6):
         env = hami_core_env(spec, "/tmp/vgpu/x.cache")
         settings = HamiCoreSettings.from_env(env)
         assert settings.priority == spec.priority
@@ -123,7 +123,8 @@ def test_hami_core_env_round_trips_through_the_workloads_parser() -> None:
         assert settings.sm_limit == spec.sm_limit
         assert settings.gpu == spec.gpu
         assert settings.cache_file == Path("/tmp/vgpu/x.cache")
-        assert settings.broker_enabled
+        assert settings.broker_enabled is spec.broker
+    assert [s.broker for s in default_workloads(5)] == [True, True, True, False, True]
 
 
 def test_behaviour_json_round_trip_and_errors() -> None:

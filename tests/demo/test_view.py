@@ -17,7 +17,7 @@ def _with_status() -> tuple[RunRecord, AgentSample]:
     for w in record.workloads:
         w.final = None
         w.exit_code = None
-    inference, training, notebook = record.workloads
+    inference, training, notebook, no_broker, crashed = record.workloads
     inference.status = {"state": "running", "recent_kernel": 2, "utilization_switch": 0}
     training.status = {
         "state": "blocked",
@@ -26,6 +26,8 @@ def _with_status() -> tuple[RunRecord, AgentSample]:
         "blocked_since": START + 1.0,
     }
     notebook.status = {"state": "idle", "recent_kernel": 0, "utilization_switch": 0}
+    no_broker.status = {"state": "running", "recent_kernel": 2, "utilization_switch": 0}
+    crashed.final = {"type": "final", "crashed": True, "t": START + 3.0}
     record.event(START + 1.0, "training blocked by the monitor")
     return record, record.samples[0]
 
@@ -37,13 +39,20 @@ def test_frame_shows_the_agents_view_and_the_workloads_own() -> None:
     assert "2.5s / 10s" in text
     assert "http://127.0.0.1:1/metrics" in text
     assert "monitor tick 1 (every 0.5s)" in text
-    rows = {line.split()[0]: line for line in lines if line.startswith(("inf", "tra", "not"))}
+    rows = {line.split()[0]: line for line in lines if line.startswith(("inf", "tra", "no", "cr"))}
     assert rows["inference"].split()[1:3] == ["0", "GPU-8f1c"]
     assert "1.0 GiB / 8.0 GiB" in rows["inference"]
     assert "running" in rows["inference"]
     assert "BLOCKED 1.5s" in rows["training"]
     assert rows["training"].split()[-4:] == ["-1", "1", "1001", "1"]
     assert "1.0s  training blocked by the monitor" in text
+    # The agent's columns: core limit, processes by host PID state.
+    assert rows["inference"].split()[9:12] == ["60", "1", "run"]
+    assert rows["no-broker"].split()[9:12] == ["50", "1", "unknown"]
+    assert "none (disabled)" in rows["no-broker"]
+    later = render_frame(record, record.samples[-1], START + 9.0)
+    crashed = next(line for line in later if line.startswith("crashed"))
+    assert crashed.split()[9:13] == ["50", "1", "EXITED", "exited"]
 
 
 def test_frame_marks_a_wrong_pid_and_a_pause() -> None:

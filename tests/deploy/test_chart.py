@@ -108,7 +108,12 @@ SCENARIOS: dict[str, dict[str, Any]] = {
             "enabled": True,
             "scraper": {"namespaceSelector": {"matchLabels": {"team": "obs"}}, "podSelector": {}},
         },
-        "metrics": {"legacy": True, "port": 9500, "podLabelsAllowlist": ["team", "app"]},
+        "metrics": {
+            "legacy": True,
+            "port": 9500,
+            "podLabelsAllowlist": ["team", "app"],
+            "excludeExitedProcesses": True,
+        },
         "serviceMonitor": {"enabled": True},
         "log": {"format": "json", "level": "debug"},
         "image": {"digest": "sha256:" + "a" * 64, "pullSecrets": ["regcred"]},
@@ -278,8 +283,18 @@ def test_host_pid_off_alone_is_allowed(chart: Any) -> None:
         ({"devicePlugin": {"hostPID": True}}, True),  # an explicit value wins
         ({"devicePlugin": {"hostPID": True, "hostPIDBroker": {"enabled": True}}}, True),
         ({"devicePlugin": {"hostPID": None, "hostPIDBroker": {"enabled": True}}}, True),
+        ({"metrics": {"excludeExitedProcesses": True}}, True),  # telling exited PIDs needs it
+        ({"metrics": {"excludeExitedProcesses": True}, "devicePlugin": {"hostPID": False}}, False),
     ],
-    ids=["default", "broker-on", "explicit-true", "explicit-true-broker-on", "null-broker-on"],
+    ids=[
+        "default",
+        "broker-on",
+        "explicit-true",
+        "explicit-true-broker-on",
+        "null-broker-on",
+        "exclude-exited",
+        "exclude-exited-explicit-false",
+    ],
 )
 def test_host_pid_follows_the_broker_unless_set(
     chart: Any, values: dict[str, Any], host_pid: bool
@@ -442,6 +457,12 @@ def test_pod_labels_allowlist_becomes_one_flag_the_agent_accepts(chart: Any) -> 
     (flag,) = [arg for arg in container["args"] if arg.startswith("--pod-labels-allowlist")]
     assert flag == "--pod-labels-allowlist=team,app.kubernetes.io/name"
     assert parse_label_allowlist(flag.partition("=")[2]) == tuple(keys)
+
+
+@pytest.mark.parametrize("exclude", [False, True])
+def test_exclude_exited_processes_flag_exactly_when_on(chart: Any, exclude: bool) -> None:
+    container = agent(render(chart, {"metrics": {"excludeExitedProcesses": exclude}}))
+    assert ("--exclude-exited-processes" in container["args"]) is exclude
 
 
 def test_log_values_become_flags(chart: Any) -> None:

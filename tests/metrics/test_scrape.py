@@ -27,7 +27,11 @@ from pathlib import Path
 import pytest
 import trio
 from prometheus_client import CollectorRegistry
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as parse_openmetrics,
+)
 from prometheus_client.parser import text_string_to_metric_families
+from trio.testing import MockClock
 
 from hami_trio.goparse import BindAddress
 from hami_trio.metrics.collector import BuildInfoCollector, VGpuCollector
@@ -134,11 +138,15 @@ async def start_stack(
     interval: float = 60.0,
     all_pods: object = None,
     host: HostGpuSampler | None = None,
+    **monitor_options: object,
 ) -> tuple[Monitor, int]:
     registry = CollectorRegistry()
     registry.register(BuildInfoCollector())
     config = MonitorConfig(
-        hook_path=hook, interval=interval, mig_lock_path=hook.parent / "mig" / "lock"
+        hook_path=hook,
+        interval=interval,
+        mig_lock_path=hook.parent / "mig" / "lock",
+        **monitor_options,  # type: ignore[arg-type]
     )
     monitor: Monitor = await nursery.start(
         partial(serve_monitor, config, pod_source=pod_source, registry=registry)
@@ -153,6 +161,7 @@ async def start_stack(
             legacy=legacy,
             host=host,
             wall_clock=lambda: NOW,
+            insights=monitor.insights,
         )
     )
     bound: BindAddress = await nursery.start(
@@ -218,6 +227,57 @@ def container_series(
             out.add(("Device_memory_desc_of_container", frozenset(memory.items()), dev["total"]))
     blocked = {"namespace": namespace, "pod": pod, "container": container}
     out.add(("hami_trio_container_blocked", frozenset(blocked.items()), 0.0))
+    return out | insight_series(namespace, pod, container, spec)
+
+
+def live_slots(spec: RegionSpec) -> list[ProcSlot]:
+    return [slot for slot in list(spec.procs)[: spec.proc_num] if slot.status != 0]
+
+
+def insight_series(
+    namespace: str,
+    pod: str,
+    container: str,
+    spec: RegionSpec,
+    *,
+    exited: frozenset[int] = frozenset(),
+    blocked_seconds: float = 0.0,
+    blocks: int = 0,
+    utilization_switch: int | None = None,
+) -> set[tuple[str, frozenset[tuple[str, str]], float]]:
+    """The process, limit and feedback-state series of one container, from the spec alone
+    (``exited``: the host PIDs the test made sure no longer exist)."""
+    owner = {"namespace": namespace, "pod": pod, "container": container}
+    live = live_slots(spec)
+    states = {
+        "unknown": sum(1 for s in live if s.hostpid == 0),
+        "exited": sum(1 for s in live if s.hostpid in exited),
+    }
+    states["running"] = len(live) - states["unknown"] - states["exited"]
+    switch = spec.utilization_switch if utilization_switch is None else utilization_switch
+    out = {
+        ("hami_trio_container_processes", frozenset((owner | {"state": k}).items()), float(v))
+        for k, v in states.items()
+    }
+    out |= {
+        ("hami_trio_container_priority", frozenset(owner.items()), float(spec.priority)),
+        ("hami_trio_container_utilization_switch", frozenset(owner.items()), float(switch)),
+        ("hami_trio_container_blocked_seconds_total", frozenset(owner.items()), blocked_seconds),
+        ("hami_trio_container_blocks_total", frozenset(owner.items()), float(blocks)),
+    }
+    sm_limits = list(spec.sm_limits) + [0] * 16
+    for index, uuid in enumerate(list(spec.uuids)[: spec.num]):
+        device = frozenset(
+            (owner | {"vdevice_index": str(index), "device_uuid": str(uuid)}).items()
+        )
+        using = sum(
+            1
+            for s in live
+            if (index < len(s.used) and s.used[index].total)
+            or (index < len(s.util) and s.util[index].sm_util)
+        )
+        out.add(("hami_trio_container_device_processes", device, float(using)))
+        out.add(("hami_trio_container_core_limit_ratio", device, float(sm_limits[index])))
     return out
 
 
@@ -237,6 +297,185 @@ async def test_scrape_equals_fixture_aggregates(
     assert got == container_series("", "pod-uid-1", "main", spec, legacy=legacy)
     expected = expected_devices(spec)[0]
     assert (expected["total"], expected["sm"]) == (3000, 50)  # the fixture is what we think
+
+
+@pytest.fixture
+def host_pids() -> Iterator[tuple[int, int]]:
+    """A live process's PID and the PID of one that exited (reaped: no such process)."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    try:
+        yield sleeper.pid, gone.pid
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def process_spec(alive: int, exited: int) -> RegionSpec:
+    slots = (
+        ProcSlot(
+            pid=1, hostpid=alive, used=[MemoryUse(10, 20, 970, 0, 1000)], util=[UtilUse(0, 0, 30)]
+        ),
+        ProcSlot(
+            pid=2, hostpid=exited, used=[MemoryUse(5, 5, 4990, 0, 5000)], util=[UtilUse(0, 0, 50)]
+        ),
+        ProcSlot(pid=3, hostpid=0, used=[MemoryUse(0, 0, 7, 0, 7)], util=[UtilUse(0, 0, 1)]),
+        ProcSlot(pid=4, hostpid=exited, status=0, used=[MemoryUse(0, 0, 9, 0, 9)]),
+    )
+    return fixture_spec(
+        num=1, uuids=[GPU_A], limits=[8 << 30], sm_limits=[40], procs=slots, proc_num=4
+    )
+
+
+@pytest.mark.parametrize("exclude", [False, True], ids=["upstream-sums", "exclude-exited"])
+async def test_process_states_of_real_processes_over_http(
+    nursery: trio.Nursery, hook: Path, host_pids: tuple[int, int], exclude: bool
+) -> None:
+    alive, exited = host_pids
+    spec = process_spec(alive, exited)
+    add_container(hook, "pod-uid-1", "main", spec)
+    _, port = await start_stack(
+        nursery,
+        hook,
+        StaticPodSource(),
+        kubernetes=False,
+        host_pid_namespace=True,
+        exclude_exited_processes=exclude,
+    )
+    _, text = await get(port)
+    got = {s for s in series(text) if s[0].startswith("hami_trio_container_")}
+    expected = insight_series("", "pod-uid-1", "main", spec, exited=frozenset({exited}))
+    blocked = frozenset({"namespace": "", "pod": "pod-uid-1", "container": "main"}.items())
+    assert got == expected | {("hami_trio_container_blocked", blocked, 0.0)}
+    assert (
+        "hami_trio_container_processes",
+        frozenset(
+            {"namespace": "", "pod": "pod-uid-1", "container": "main", "state": "exited"}.items()
+        ),
+        1.0,
+    ) in got  # the fixture is what we think
+    summed = [s for s in live_slots(spec) if not exclude or s.hostpid != exited]
+    row = {
+        n: v
+        for n, labels, v in series(text)
+        if dict(labels).get("vdevice_index") == "0" and dict(labels).get("zone")
+    }
+    assert row["hami_vgpu_memory_used_bytes"] == sum(s.used[0].total for s in summed)
+    assert row["hami_container_device_utilization_ratio"] == sum(s.util[0].sm_util for s in summed)
+    assert row["hami_vgpu_memory_buffer_bytes"] == sum(s.used[0].data_size for s in summed)
+    assert row["hami_vgpu_memory_used_bytes"] == (1007 if exclude else 6007)
+    assert ("hami_trio_monitor_process_liveness_checked", frozenset(), 1.0) in series(text)
+    # The counters render in OpenMetrics too (their # TYPE line is named without _total).
+    accept = {"Accept": "application/openmetrics-text; version=1.0.0"}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=accept)
+
+    def fetch() -> str:
+        with urllib.request.urlopen(request, timeout=20) as reply:
+            return str(reply.read().decode())
+
+    body = await trio.to_thread.run_sync(fetch)
+    families = {f.name: f for f in parse_openmetrics(body)}
+    for name in ("hami_trio_container_blocked_seconds", "hami_trio_container_blocks"):
+        assert families[name].type == "counter"
+        assert [s.name for s in families[name].samples] == [f"{name}_total"]
+
+
+async def test_without_the_host_pid_namespace_no_process_is_exited(
+    nursery: trio.Nursery, hook: Path, host_pids: tuple[int, int]
+) -> None:
+    alive, exited = host_pids
+    spec = process_spec(alive, exited)
+    add_container(hook, "pod-uid-1", "main", spec)
+    _, port = await start_stack(
+        nursery,
+        hook,
+        StaticPodSource(),
+        kubernetes=False,
+        host_pid_namespace=False,
+        exclude_exited_processes=True,  # has nothing to exclude
+    )
+    _, text = await get(port)
+    got = {s for s in series(text) if s[0] == "hami_trio_container_processes"}
+    states = {dict(labels)["state"]: v for _, labels, v in got}
+    assert states == {"running": 2.0, "exited": 0.0, "unknown": 1.0}
+    assert ("hami_trio_monitor_process_liveness_checked", frozenset(), 0.0) in series(text)
+    used = [v for n, _, v in series(text) if n == "hami_vgpu_memory_used_bytes"]
+    assert used == [6007.0]
+
+
+async def test_blocking_counters_and_feedback_state_over_http(
+    mock_clock: MockClock, nursery: trio.Nursery, hook: Path
+) -> None:
+    # The high-priority container is active on the GPU both share: the low one is blocked.
+    hi = fixture_spec(priority=0, recent_kernel=2, sm_limits=[30, 60])
+    lo = fixture_spec(priority=1, recent_kernel=2)
+    add_container(hook, "pod-hi", "main", hi)
+    add_container(hook, "pod-lo", "main", lo)
+    registry = CollectorRegistry()
+    source = StaticPodSource()
+    monitor = Monitor(
+        MonitorConfig(hook_path=hook, mig_lock_path=hook.parent / "mig" / "lock"),
+        pod_source=source,
+        registry=registry,
+    )
+    registry.register(
+        VGpuCollector(
+            monitor,
+            source,
+            node_name="n",
+            kubernetes=False,
+            insights=monitor.insights,
+            wall_clock=lambda: NOW,
+        )
+    )
+    bound: BindAddress = await nursery.start(
+        partial(serve_http, BindAddress("127.0.0.1", 0), registry)
+    )
+
+    def insight(text: str) -> set[tuple[str, frozenset[tuple[str, str]], float]]:
+        return {s for s in series(text) if s[0] in _INSIGHT}
+
+    try:
+        await monitor.tick()  # lo <- recent_kernel -1 and utilization_switch 1
+        _, first = await get(bound.port)
+        mock_clock.jump(5)
+        await monitor.tick()  # hi's recent_kernel fell to 0: lo released
+        mock_clock.jump(5)
+        await monitor.tick()
+        _, last = await get(bound.port)
+    finally:
+        monitor.close()
+    assert insight(first) == insight_series("", "pod-hi", "main", hi) | insight_series(
+        "", "pod-lo", "main", lo, blocks=1, utilization_switch=1
+    )
+    assert insight(last) == insight_series("", "pod-hi", "main", hi) | insight_series(
+        "", "pod-lo", "main", lo, blocked_seconds=5.0, blocks=1
+    )
+    limits = {
+        (dict(labels)["pod"], dict(labels)["vdevice_index"]): v
+        for n, labels, v in series(last)
+        if n == "hami_trio_container_core_limit_ratio"
+    }
+    assert limits == {
+        ("pod-hi", "0"): 30,
+        ("pod-hi", "1"): 60,
+        ("pod-lo", "0"): 0,
+        ("pod-lo", "1"): 0,
+    }
+
+
+_INSIGHT = frozenset(
+    {
+        "hami_trio_container_processes",
+        "hami_trio_container_device_processes",
+        "hami_trio_container_core_limit_ratio",
+        "hami_trio_container_priority",
+        "hami_trio_container_utilization_switch",
+        "hami_trio_container_blocked_seconds_total",
+        "hami_trio_container_blocks_total",
+    }
+)
 
 
 @pytest.fixture

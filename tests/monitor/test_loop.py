@@ -478,3 +478,33 @@ async def test_each_completed_tick_is_stamped_with_the_wall_clock(hook: Path) ->
         registry.get_sample_value("hami_trio_monitor_last_tick_timestamp_seconds")
         == 1_800_000_007.5
     )
+
+
+# -- process states and blocking counters (the insights) ------------------------------------
+
+
+async def test_insights_count_processes_and_blocking_on_the_monitor_clock(
+    autojump_clock: MockClock, hook: Path
+) -> None:
+    from hami_trio.testing.regions import ProcSlot
+
+    me = os.getpid()
+    # 300 distinct host PIDs above any pid_max: more than one by one, so /proc is listed once.
+    dead = [ProcSlot(pid=i + 2, hostpid=2_000_000_000 + i) for i in range(300)]
+    add(hook, "hi_c", priority=0, recent_kernel=2, procs=[ProcSlot(pid=1, hostpid=me)])
+    add(hook, "lo_c", priority=1, recent_kernel=2, procs=[ProcSlot(pid=1, hostpid=0), *dead])
+    registry = CollectorRegistry()
+    async with trio.open_nursery() as nursery:
+        monitor = await start(nursery, config(hook, host_pid_namespace=True), registry)
+        hi, lo = (monitor.insights()[ContainerKey(n, "c")] for n in ("hi", "lo"))
+        assert (hi.processes.running, hi.processes.exited, hi.processes.unknown) == (1, 0, 0)
+        assert (lo.processes.running, lo.processes.exited, lo.processes.unknown) == (0, 300, 1)
+        assert lo.recent_kernel == -1  # what the tick wrote
+        assert (lo.block.blocked, lo.block.blocks, lo.block.since) == (True, 1, trio.current_time())
+        await trio.sleep(12)  # ticks at 5 (lo released: hi's recent_kernel fell to 0) and 10
+        lo = monitor.insights()[ContainerKey("lo", "c")]
+        assert (lo.block.blocked, lo.block.seconds, lo.block.blocks) == (False, 5.0, 1)
+        monitor.request_stop()
+    assert registry.get_sample_value("hami_trio_monitor_process_liveness_checked") == 1
+    assert registry.get_sample_value("hami_trio_monitor_process_listings_total") == 3
+    assert registry.get_sample_value("hami_trio_monitor_process_liveness_checks_total") == 0

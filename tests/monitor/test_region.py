@@ -13,7 +13,7 @@ import pytest
 from hami_trio._fs import file_kind
 from hami_trio.errors import CacheFileRejected
 from hami_trio.monitor.layout import LAYOUTS, ControlField, Format, RejectReason
-from hami_trio.monitor.region import RegionHandle, read_region_file
+from hami_trio.monitor.region import RegionHandle, read_region_file, read_totals_without
 from hami_trio.monitor.snapshot import DeviceUUID, UUIDState, parse_region
 from hami_trio.testing.regions import (
     MemoryUse,
@@ -336,5 +336,31 @@ def test_read_only_handle_never_writes(tmp_path: Path) -> None:
         handle.read()
         with pytest.raises(CacheFileRejected, match="read-only"):
             handle.write_controls([(ControlField.RECENT_KERNEL, -1)])
+    finally:
+        handle.close()
+
+
+def test_read_totals_without_rereads_the_slots_and_refuses_a_changed_size(tmp_path: Path) -> None:
+    path = tmp_path / "x.cache"
+    slots = [
+        ProcSlot(pid=1, hostpid=10, used=[MemoryUse(total=100)], util=[UtilUse(sm_util=5)]),
+        ProcSlot(pid=2, hostpid=20, used=[MemoryUse(total=200)], util=[UtilUse(sm_util=7)]),
+    ]
+    write_region(path, RegionSpec(uuids=["GPU-0"], procs=slots))
+    handle = RegionHandle.open_path(path)
+    try:
+        snapshot = handle.read()
+        assert snapshot.devices[0].memory_total == 300
+        without = read_totals_without(handle, snapshot, frozenset({20}))
+        assert (without.devices[0].memory_total, without.devices[0].sm_util) == (100, 5)
+        # The re-read sees the file as it is now (slot 0 grew since the snapshot).
+        SimulatedWorkload(path).set_slot(
+            0, ProcSlot(pid=1, hostpid=10, used=[MemoryUse(total=150)])
+        )
+        assert read_totals_without(handle, snapshot, frozenset({20})).devices[0].memory_total == 150
+        os.truncate(path, V1.sizeof + 8)
+        with pytest.raises(CacheFileRejected) as caught:
+            read_totals_without(handle, snapshot, frozenset({20}))
+        assert caught.value.reason is RejectReason.TRUNCATED
     finally:
         handle.close()

@@ -29,6 +29,10 @@ from hami_trio.monitor.snapshot import (
     RegionDecoder,
     UsageSnapshot,
     parse_region,
+    parse_static,
+    slot_rows,
+    sum_rows,
+    sum_rows_without,
 )
 from hami_trio.testing.regions import MemoryUse, ProcSlot, RegionSpec, UtilUse, build_region
 
@@ -317,3 +321,30 @@ def test_one_decoder_over_changing_bytes_answers_as_a_fresh_parse(versions: list
         if previous is not None and previous[0] == data and isinstance(got, UsageSnapshot):
             assert got is previous[1], "unchanged bytes: the same snapshot object"
         previous = (data, got)
+
+
+# -- sums without the exited slots (--exclude-exited-processes) ---------------------------
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 2), st.integers(0, 1 << 40)), max_size=20),
+    st.frozensets(st.integers(0, 5)),
+)
+def test_sum_rows_without_equals_the_sums_of_the_other_slots(
+    slots: list[tuple[int, int, int]], exclude: frozenset[int]
+) -> None:
+    procs = [
+        ProcSlot(pid=i + 1, hostpid=hostpid, status=status, used=[MemoryUse(total=total)])
+        for i, (hostpid, status, total) in enumerate(slots)
+    ]
+    spec = RegionSpec(uuids=["GPU-0"], procs=procs)
+    data = build_region(spec)
+    static = parse_static(V1, data)
+    rows = slot_rows(V1, data, len(procs), static.device_count)
+    kept = [p for p in procs if p.status and p.hostpid not in exclude]
+    totals = sum_rows_without(rows, static, exclude)
+    assert totals.devices[0].memory_total == sum(p.used[0].total for p in kept)
+    assert totals.active_slots == len(kept)
+    assert totals.host_pids == tuple(p.hostpid for p in kept)
+    if not exclude:
+        assert totals == sum_rows(rows, static)

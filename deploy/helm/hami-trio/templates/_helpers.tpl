@@ -68,11 +68,12 @@ workload's root process and no later broker would start.  Only the agent mounts 
 /var/run/hami/hostpid-lock
 {{- end }}
 
-{{/* hostPID: the explicit value, or (null, the default) exactly when the broker is on. */}}
+{{/* hostPID: the explicit value, or (null, the default) exactly when the broker is on or
+exited processes are to be left out of the sums (telling them from running ones needs it). */}}
 {{- define "hami-trio.hostPID" -}}
 {{- $explicit := .Values.devicePlugin.hostPID }}
 {{- if kindIs "invalid" $explicit }}
-{{- .Values.devicePlugin.hostPIDBroker.enabled }}
+{{- or .Values.devicePlugin.hostPIDBroker.enabled .Values.metrics.excludeExitedProcesses }}
 {{- else }}
 {{- $explicit }}
 {{- end }}
@@ -107,7 +108,7 @@ failing check stops the whole rendering (helm install / upgrade / template).
 {{- fail (printf "extraEnv must not set %s: the chart manages it (see devicePlugin.hostPIDBroker.enabled, hookPath, resyncInterval, nvidiaVisibleDevices, debug.bindAddress)" .name) }}
 {{- end }}
 {{- end }}
-{{- $managedFlags := list "--metrics-bind-address" "--legacy-metrics" "--log-format" "--log-level" "--broker-socket-path" "--broker-lock-path" "--mig-lock-path" "--hook-path" "--node-name" "--resync-interval" "--debug-bind-address" }}
+{{- $managedFlags := list "--metrics-bind-address" "--legacy-metrics" "--exclude-exited-processes" "--log-format" "--log-level" "--broker-socket-path" "--broker-lock-path" "--mig-lock-path" "--hook-path" "--node-name" "--resync-interval" "--debug-bind-address" }}
 {{- range .Values.extraArgs }}
 {{- $flag := first (splitList "=" (toString .)) }}
 {{- if has $flag $managedFlags }}
