@@ -599,3 +599,54 @@ def export_of(
         )
 
     return decide
+
+
+class _InsightLike(Protocol):
+    """What the monitor's per-container insight offers the debug view."""
+
+    @property
+    def processes(self) -> Any: ...  # .exited_host_pids: the exited slots' host PIDs
+    @property
+    def block(self) -> Any: ...  # .blocked .since (monotonic) .seconds .blocks
+
+
+@dataclass(frozen=True, slots=True)
+class _Blocking:
+    blocked: bool
+    since: float | None
+    seconds: float
+    blocks: int
+
+
+def insight_extras(
+    insights: Callable[[], Mapping[Any, _InsightLike]], *, wall_offset: float
+) -> tuple[Callable[[Any, int], ProcessState | None], Callable[[Any], BlockingView | None]]:
+    """The ``process_state`` and ``blocking`` extras over the monitor's latest insights.
+
+    Args:
+        insights: the monitor's ``insights`` (the latest completed tick's, immutable).
+        wall_offset: Unix time minus the monitor's clock, taken once where that clock can
+            be read: ``since`` is reported as Unix time.
+
+    A slot whose host PID is 0 is ``unknown``, one whose host PID the tick found gone
+    ``exited``, any other ``running`` (also when the agent cannot check: then nothing is ever
+    ``exited``, as on ``/metrics``); a container the latest tick has no insight for yet: None.
+    """
+
+    def process_state(key: Any, host_pid: int) -> ProcessState | None:
+        insight = insights().get(key)
+        if insight is None:
+            return None
+        if host_pid == 0:
+            return "unknown"
+        return "exited" if host_pid in insight.processes.exited_host_pids else "running"
+
+    def blocking(key: Any) -> BlockingView | None:
+        insight = insights().get(key)
+        if insight is None:
+            return None
+        block = insight.block
+        since = None if block.since is None else block.since + wall_offset
+        return _Blocking(bool(block.blocked), since, float(block.seconds), int(block.blocks))
+
+    return process_state, blocking

@@ -41,6 +41,7 @@ from hami_trio.agent.debug import (
     allocation_of,
     debug_state,
     export_of,
+    insight_extras,
     part,
     render,
 )
@@ -336,7 +337,12 @@ class _Agent:
             self.pod_source = StaticPodSource()
         monitor = Monitor(config.monitor, pod_source=self.pod_source, registry=registry)
         self.monitor = monitor
+        process_state, blocking = insight_extras(
+            monitor.insights, wall_offset=time.time() - trio.current_time()
+        )
         self.debug_extras = DebugExtras(
+            process_state=process_state,
+            blocking=blocking,
             allocation=allocation_of,
             export=export_of(
                 node_name=config.node_name,
@@ -484,6 +490,7 @@ class _Agent:
                 paused=monitor.paused,
                 mig_lock_problem=None if problem is None else problem.message,
                 removals_pending=monitor.lister.removals_pending,
+                checks_liveness=monitor.checks_liveness,
             ),
             pods=pods,
             broker=(

@@ -600,6 +600,9 @@ async def debug_get(handle: AgentHandle, path: str) -> tuple[int, str]:
     return await trio.to_thread.run_sync(http_get, handle.debug_address.port, path)
 
 
+DEAD_PID = 2_000_000_000  # above the kernel's largest pid_max (2**22)
+
+
 def debug_fixture(hook: Path) -> RegionSpec:
     """Three container directories: a loaded v1 file, a refused file, no file yet."""
     spec = RegionSpec(
@@ -610,9 +613,13 @@ def debug_fixture(hook: Path) -> RegionSpec:
         utilization_switch=1,
         procs=[
             ProcSlot(
-                pid=10, hostpid=4242, used=[MemoryUse(total=1 << 30)], util=[UtilUse(sm_util=30)]
+                pid=10,
+                hostpid=os.getpid(),  # alive: running
+                used=[MemoryUse(total=1 << 30)],
+                util=[UtilUse(sm_util=30)],
             ),
-            ProcSlot(pid=11, hostpid=0, used=[MemoryUse(total=2 << 20)]),
+            ProcSlot(pid=11, hostpid=0, used=[MemoryUse(total=2 << 20)]),  # unknown
+            ProcSlot(pid=12, hostpid=DEAD_PID),  # above any pid_max: exited
         ],
     )
     directory = hook / "containers" / "pod-uid-1_main"
@@ -660,10 +667,14 @@ async def test_debug_view_serves_what_the_files_say_on_its_own_port(
                 }
             ]
             assert main["processes"] == [
-                {"pid": 10, "host_pid": 4242, "state": None},
+                {"pid": 10, "host_pid": os.getpid(), "state": "running"},
                 {"pid": 11, "host_pid": 0, "state": "unknown"},
+                {"pid": 12, "host_pid": DEAD_PID, "state": "exited"},
             ]
-            assert main["process_states"] == {"running": None, "exited": None, "unknown": 1}
+            assert main["process_states"] == {"running": 1, "exited": 1, "unknown": 1}
+            assert doc["monitor"]["checks_liveness"] is True
+            # priority 0 and nobody else on the GPU: never blocked
+            assert (main["blocked"], main["blocked_since"], main["blocks"]) == (False, None, 0)
             # Without Kubernetes there is no allocation annotation to read.
             assert main["allocated"] is None
             assert main["export"]["state"] == "exported"

@@ -67,24 +67,8 @@ STATEFUL = frozenset(
         "hami_trio_pod_watch_synced",  # Kubernetes on
     }
 )
-# The observability issue's families (issue 14: allocations, process states, limits and
-# feedback state, pod metadata), which the dashboard's "Why a share behaves as it does" row
-# shows and which are being implemented on other branches, with the labels they will carry.
-# Until a family lands the agent does not export it, so it may be missing from the scrape;
-# once it is exported, test_awaited_families_are_not_exported_yet fails until its entry is
-# removed here (the fixture already reaches every one: a pod with an allocation annotation,
-# a process slot). An empty dict is the goal.
 CONTAINER = ("namespace", "pod", "container")
 DEVICE = (*CONTAINER, "vdevice_index", "device_uuid")
-AWAITING_OBSERVABILITY: dict[str, tuple[str, ...]] = {
-    "hami_trio_container_processes": (*CONTAINER, "state"),
-    "hami_trio_container_device_processes": DEVICE,
-    "hami_trio_container_core_limit_ratio": DEVICE,
-    "hami_trio_container_priority": CONTAINER,
-    "hami_trio_container_utilization_switch": CONTAINER,
-    "hami_trio_container_blocked_seconds_total": CONTAINER,
-    "hami_trio_container_blocks_total": CONTAINER,
-}
 
 
 @dataclass(frozen=True)
@@ -429,15 +413,9 @@ def test_every_metric_name_is_exported_by_the_agent(
         names = metric_names(expr)
         assert names, f"{where} selects no metric: {expr}"
         for name in names:
-            if name not in exported.samples and name not in AWAITING_OBSERVABILITY:
+            if name not in exported.samples:
                 unknown[name] = where
     assert unknown == {}
-
-
-def test_awaited_families_are_not_exported_yet(exported: Exported) -> None:
-    assert AWAITING_OBSERVABILITY.keys() <= ISSUE_14
-    landed = sorted(AWAITING_OBSERVABILITY.keys() & exported.samples)
-    assert landed == [], f"exported now: remove {landed} from AWAITING_OBSERVABILITY"
 
 
 def test_the_issue_7_panels_are_there(dashboard: dict[str, Any], exported: Exported) -> None:
@@ -464,8 +442,5 @@ def test_every_selector_applies_the_node_and_pod_selection(
         for name in metric_names(expr):
             assert name in selectors, f"{where}: {name} has no label matchers"
             assert 'node=~"$node"' in selectors[name], f"{where}: {name} ignores $node"
-            pod_labelled = name in exported.pod_labelled or "pod" in AWAITING_OBSERVABILITY.get(
-                name, ()
-            )
-            if pod_labelled and not where.startswith("variable"):
+            if name in exported.pod_labelled and not where.startswith("variable"):
                 assert 'pod=~"$pod"' in selectors[name], f"{where}: {name} ignores $pod"

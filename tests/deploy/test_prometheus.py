@@ -91,32 +91,12 @@ NO_DATA_HERE = {
     "hami_host_gpu_memory_controller_utilization_ratio": "from NVML: no GPU and driver here",
 }
 
-# The observability issue's families (issue 14), implemented on other branches: the agent
-# does not export them yet, and each WILL have data in this fixture once it does (the pod
-# watch knows the pods, the pods carry allocation annotations, the .cache files have process
-# slots: train-0's host PID is known, infer-0's is not). Until then an expression selecting one
-# must parse, and the name itself must select nothing here: when a family lands,
-# test_awaited_families_have_no_data_yet fails until its entry is removed (then its
-# expressions must return data like every other). An empty tuple is the goal.
-AWAITING_OBSERVABILITY = (
-    "hami_trio_container_processes",
-    "hami_trio_container_device_processes",
-    "hami_trio_container_core_limit_ratio",
-    "hami_trio_container_priority",
-    "hami_trio_container_utilization_switch",
-    "hami_trio_container_blocked_seconds_total",
-    "hami_trio_container_blocks_total",
-)
-
 # Alerts whose condition the fixture creates (pending or firing), with labels they must carry.
 ACTIVE = {
     "HamiTrioContainerNearMemoryLimit": {"namespace": "team-a", "pod": "train-0", "node": NODE},
     "HamiTrioLockParentRefused": {"node": NODE, "namespace": AGENT_NAMESPACE},
     "HamiTrioBrokerPressure": {"node": NODE, "outcome": "timeout"},
-}
-# Alerts on AWAITING_OBSERVABILITY's families whose condition the fixture creates: inactive
-# until the family lands, then they belong in ACTIVE (the awaited-family test says when).
-ACTIVE_AWAITING = {
+    # infer-0's process slot has host PID 0; train-0's is known
     "HamiTrioContainerHostPidUnknown": {"namespace": "team-b", "pod": "infer-0", "node": NODE},
 }
 # Alerts whose condition is absent here: the agent is up, synced and ticking, nothing failed.
@@ -209,11 +189,6 @@ def exempt_reason(expr: str) -> str | None:
     return None
 
 
-def awaited(expr: str, names: tuple[str, ...] = AWAITING_OBSERVABILITY) -> list[str]:
-    """The families of ``names`` (those awaited) that ``expr`` selects."""
-    return [name for name in names if _selects(expr, name)]
-
-
 def test_fill_replaces_every_form() -> None:
     values = {"node": "a", "__rate_interval": "4s"}
     assert fill('x{node=~"$node"}[$__rate_interval] ${node} ${node:regex}', values) == (
@@ -231,11 +206,6 @@ def test_grafana_regex_escape() -> None:
 def test_exemptions_match_whole_names() -> None:
     assert exempt_reason('hami_host_gpu_utilization_ratio{node=~"$node"}') is not None
     assert exempt_reason("hami_host_gpu_utilization_ratio_x") is None
-    names = ("hami_trio_container_processes", "hami_trio_pod_info")
-    assert awaited('count(hami_trio_container_processes{state="x"}) or vector(0)', names) == [
-        "hami_trio_container_processes"
-    ]
-    assert awaited("hami_trio_container_processes_x + hami_trio_pod_infos", names) == []
 
 
 # --- the running stack ----------------------------------------------------------------------
@@ -636,26 +606,10 @@ def test_every_dashboard_expression_returns_data(stack: Stack, where: str, expr:
         query = fill(expr, values)
         result = stack.query(query)  # status success: it parsed and evaluated
         reason = exempt_reason(expr)
-        if awaited(expr):
-            continue  # its family is not exported yet: see test_awaited_families_have_no_data_yet
         if reason is not None:
             assert result == [], f"{where}: data although exempt ({reason}); drop the exemption"
         else:
             assert result, f"{where} ({selection}): no data for {query}"
-
-
-def test_awaited_families_have_no_data_yet(stack: Stack) -> None:
-    landed = sorted(name for name in AWAITING_OBSERVABILITY if stack.query(name))
-    assert landed == [], (
-        f"{landed} have data now: remove them from AWAITING_OBSERVABILITY (and move their"
-        " alerts from ACTIVE_AWAITING to ACTIVE)"
-    )
-    rules = " ".join(rule["expr"] for rule in stack.rules)
-    used = " ".join(expr for _, expr in dashboard_targets()) + " " + rules
-    assert [name for name in AWAITING_OBSERVABILITY if not _selects(used, name)] == []
-    for alert in ACTIVE_AWAITING:
-        (rule,) = [rule for rule in stack.rules if rule["alert"] == alert]
-        assert awaited(rule["expr"]), f"{alert} uses no awaited family: move it to ACTIVE"
 
 
 def test_every_variable_query_returns_values(stack: Stack) -> None:
@@ -695,9 +649,9 @@ def test_the_alerts_this_node_earns_are_active(stack: Stack) -> None:
     wait_for("the alerts to become active", all_active, timeout=15)
     alerts = active()
     assert not INACTIVE & alerts.keys(), alerts
-    assert not ACTIVE_AWAITING.keys() & alerts.keys(), alerts  # their families are not here yet
     for name, labels in ACTIVE.items():
         assert any(labels.items() <= got.items() for got in alerts[name]), (name, alerts[name])
+    assert {a["pod"] for a in alerts["HamiTrioContainerHostPidUnknown"]} == {"infer-0"}
     # Only the container over 90 % of its limit.
     assert {a["pod"] for a in alerts["HamiTrioContainerNearMemoryLimit"]} == {"train-0"}
     # Only the container whose process has no host PID (train-0's is this test's own PID).
