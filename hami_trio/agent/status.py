@@ -206,7 +206,10 @@ def _why(entry: Mapping[str, Any]) -> list[str]:
     elif entry.get("status") == "no_cache_file":
         lines.append("no .cache file yet (HAMi-core creates it at the container's first cuInit)")
     export = entry.get("export") or {}
-    if export.get("state") not in (None, "exported") and export.get("reason"):
+    # A refused file or a missing one is explained by the line above already.
+    if export.get("state") not in (None, "exported", "rejected", "no_cache_file") and export.get(
+        "reason"
+    ):
         lines.append(f"export: {export['reason']}")
     unknown = (entry.get("process_states") or {}).get("unknown")
     if isinstance(unknown, int) and unknown:

@@ -62,28 +62,32 @@ def test_status_prints_one_row_per_device_and_the_reasons(
         "ticks every 0.05s, running; 3 container directories (loaded 1, no_cache_file 1, "
         f"rejected 1) in {hook / 'containers'}"
     )
-    assert lines[2] == "pods: no Kubernetes (--no-kubernetes): every directory is its own pod"
-    assert lines[3] == f"broker: {socket_path}: 1 exchanges (ok 1), 0 in flight"
+    assert lines[2] == "export: exported 1, no_cache_file 1, rejected 1"
+    assert lines[3] == "pods: no Kubernetes (--no-kubernetes): every directory is its own pod"
+    assert lines[4] == f"broker: {socket_path}: 1 exchanges (ok 1), 0 in flight"
     rows = table.splitlines()
     assert rows[0].split() == [
         "CONTAINER", "FORMAT", "DEV", "USED/LIMIT", "MiB", "SM%", "CORE%", "PRIO", "BLOCKED",
         "PROCS", "run/exit/unk", "ALLOCATED", "EXPORT",
     ]  # fmt: skip
-    # used = 1 GiB + 2 MiB of the two slots; limit 8 GiB; sm_util 30; sm_limit 50; priority 0
+    # used = 1 GiB + 2 MiB of the live slots; limit 8 GiB; sm_util 30; sm_limit 50; priority 0;
+    # processes: this test's PID (running), a dead PID (exited), 0 (unknown)
     assert rows[1].split() == [
-        "-/pod-uid-1/main", "v1", "0", "1026/8192", "30", "50", "0", "?", "?/?/1", "?", "loaded",
+        "-/pod-uid-1/main", "v1", "0", "1026/8192", "30", "50", "0", "no", "1/1/1", "?",
+        "exported",
     ]  # fmt: skip
     assert rows[2].strip().startswith("1 process(es) with host PID 0: HAMi-core never learned")
-    assert rows[3].split() == ["-/pod-uid-2/side", "?", "-", "-", "-", "-", "?", "?", "-", "?",
+    assert rows[3].strip().startswith("1 process(es) exited but still hold their slot")
+    assert rows[4].split() == ["-/pod-uid-2/side", "?", "-", "-", "-", "-", "?", "?", "-", "?",
                                "rejected"]  # fmt: skip
     side = hook / "containers" / "pod-uid-2_side" / "x.cache"
     assert (
-        rows[4].strip() == f"rejected (too_small): {side}: cache file size 4 too small (< 12 bytes)"
+        rows[5].strip() == f"rejected (too_small): {side}: cache file size 4 too small (< 12 bytes)"
     )
-    assert rows[5].split()[0] == "-/pod-uid-3/idle"
-    assert rows[5].split()[-1] == "no_cache_file"
-    assert rows[6].strip().startswith("no .cache file yet")
-    assert len(rows) == 7
+    assert rows[6].split()[0] == "-/pod-uid-3/idle"
+    assert rows[6].split()[-1] == "no_cache_file"
+    assert rows[7].strip().startswith("no .cache file yet")
+    assert len(rows) == 8
 
 
 def test_status_json_is_the_agents_document(
