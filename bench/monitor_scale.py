@@ -228,20 +228,31 @@ MEASUREMENTS.append(scrape_latency)
 
 class _Stretches:
     """A trio instrument: the longest step of one task (the time it held the event loop
-    without a checkpoint), in wall time and in the thread's CPU time."""
+    without a checkpoint) while armed, in wall time and in the thread's CPU time."""
 
-    def __init__(self) -> None:
-        self.task: object = None
+    def __init__(self, task: object) -> None:
+        self.task = task
+        self.armed = False
         self.started = (0.0, 0.0)
         self.longest_wall = 0.0
         self.longest_cpu = 0.0
+
+    def arm(self) -> None:
+        """From now on (the step in progress counts from here)."""
+        self.armed = True
+        self.started = (time.perf_counter(), time.thread_time())
+
+    def disarm(self) -> None:
+        """Until :meth:`arm` (the step in progress counts up to here)."""
+        self.after_task_step(self.task)
+        self.armed = False
 
     def before_task_step(self, task: object) -> None:
         if task is self.task:
             self.started = (time.perf_counter(), time.thread_time())
 
     def after_task_step(self, task: object) -> None:
-        if task is self.task:
+        if task is self.task and self.armed:
             self.longest_wall = max(self.longest_wall, time.perf_counter() - self.started[0])
             self.longest_cpu = max(self.longest_cpu, time.thread_time() - self.started[1])
 
@@ -394,9 +405,7 @@ def child(hook: Path, n: int, ticks: int, mode: str, rounds: int) -> Figures:
         loaded = sum(1 for s in monitor.containers().values() if s.snapshot is not None)
         if loaded != n:
             raise SystemExit(f"only {loaded} of {n} containers loaded")
-        stretches = _Stretches()
-        stretches.task = trio.lowlevel.current_task()
-        stretches.started = (time.perf_counter(), time.thread_time())  # this step goes on
+        stretches = _Stretches(trio.lowlevel.current_task())
         collections = _GcTime()
         gc.callbacks.append(collections)
         trio.lowlevel.add_instrument(stretches)  # type: ignore[arg-type]
@@ -404,12 +413,13 @@ def child(hook: Path, n: int, ticks: int, mode: str, rounds: int) -> Figures:
         cpu = []
         for t in range(ticks):
             change(t)
-            await trio.lowlevel.checkpoint()  # the change is not part of the tick's stretch
             collections.on = True
+            stretches.arm()
             start, start_cpu = time.perf_counter(), time.process_time()
             await monitor.tick()
             samples.append(time.perf_counter() - start)
             cpu.append(time.process_time() - start_cpu)
+            stretches.disarm()
             collections.on = False
         trio.lowlevel.remove_instrument(stretches)  # type: ignore[arg-type]
         gc.callbacks.remove(collections)
