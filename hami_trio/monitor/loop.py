@@ -4,11 +4,12 @@ How this works: :class:`Monitor` runs a tick every ``interval`` seconds under it
 deadline - ``lister.update()``, the pure :func:`~hami_trio.monitor.feedback.observe`, then
 the writes in batches of :data:`WRITE_BATCH` containers, each after a checkpoint and a last
 ``lstat`` of the MIG lock, with no checkpoint between that check and ``lister.apply(batch)``
-- and runs the lister's removals beside it.  While the MIG lock exists (watched with inotify and checked
-before every tick and every batch of writes) the loop's cancel scope is cancelled and no
-region is touched; a lock directory that root or the agent does not control is refused
-(:func:`probe_mig_lock`) and never followed.  :func:`serve_monitor` reports the
-:class:`Monitor` once the first tick is done.  Self-metrics, the MIG pause and the API:
+(shielded: a deadline never cuts the writes half-way; a lock stops the remaining batches) -
+and runs the lister's removals beside it.  While the MIG lock exists (watched with
+inotify and checked before every tick and every batch of writes) the loop's cancel scope is
+cancelled and no region is touched; a lock directory that root or the agent does not
+control is refused (:func:`probe_mig_lock`) and never followed.  :func:`serve_monitor`
+reports the :class:`Monitor` once the first tick is done.  Self-metrics, the MIG pause and the API:
 docs/monitor.md.
 """
 
@@ -591,14 +592,17 @@ class Monitor:
         self._metrics.containers.set(len(snapshots))
         writes = observe(snapshots)
         written = 0
-        for batch in _batches(writes, WRITE_BATCH):
-            # Observe (or the batch before) held the loop: let others run, then make sure
-            # the MIG lock has not appeared meanwhile; no checkpoint between that check and
-            # the batch's writes.
-            await trio.lowlevel.checkpoint()
-            if self._lock_present():
-                break
-            written += self._lister.apply(batch)
+        # Shielded: a deadline or a stop never cuts a tick's writes half-way; a MIG lock is
+        # seen by the check before each batch.
+        with trio.CancelScope(shield=True):
+            for batch in _batches(writes, WRITE_BATCH):
+                # Observe (or the batch before) held the loop: let others run, then make sure
+                # the MIG lock has not appeared meanwhile; no checkpoint between that check
+                # and the batch's writes.
+                await trio.lowlevel.checkpoint()
+                if self._lock_present():
+                    break
+                written += self._lister.apply(batch)
         self._ticks += 1
         self._metrics.tick.observe(time.perf_counter() - started)
         return written
