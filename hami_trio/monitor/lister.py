@@ -169,13 +169,24 @@ class ContainerState:
 class _Tracked:
     """What the lister keeps between ticks for one directory (mutable, private)."""
 
-    __slots__ = ("cache_name", "directory", "handle", "key", "last_reason", "last_state")
+    __slots__ = (
+        "cache_name",
+        "cache_path",
+        "directory",
+        "handle",
+        "key",
+        "last_reason",
+        "last_state",
+    )
 
     def __init__(self, key: ContainerKey, directory: str) -> None:
         self.key = key
         self.directory = directory
         self.handle: RegionHandle | None = None
         self.cache_name: str | None = None
+        #: ``{dirname}/{cache_name}`` of the open handle, relative to the containers
+        #: directory (what the identity check stats every tick).
+        self.cache_path = ""
         self.last_reason: RejectReason | None = None
         self.last_state: ContainerState | None = None
 
@@ -342,12 +353,17 @@ class ContainerLister:
             if is_link:
                 self._warn_once(name, "skipping symlink %r in %s", name, self._root)
             return None
-        key = parse_container_dirname(name)
-        if key is None:
-            self._warn_once(
-                name, "skipping directory with unexpected name %r (want PodUID_Container)", name
-            )
-            return None
+        tracked = self._tracked.get(name)
+        if tracked is not None:
+            key = tracked.key  # parsed when it was first seen (a function of the name)
+        else:
+            parsed = parse_container_dirname(name)
+            if parsed is None:
+                self._warn_once(
+                    name, "skipping directory with unexpected name %r (want PodUID_Container)", name
+                )
+                return None
+            key = parsed
         if name in self._removing:
             return None  # being removed: not read, not written, not decided again
         if (
@@ -355,12 +371,11 @@ class ContainerLister:
             and self._pods.authoritative
             and self._expired(entry, now)
         ):
-            tracked = self._tracked.pop(name, None)
             if tracked is not None:
+                del self._tracked[name]
                 tracked.drop_handle()
             self._schedule_removal(name, entry)
             return None
-        tracked = self._tracked.get(name)
         if tracked is None:
             tracked = self._tracked[name] = _Tracked(key, os.path.join(self._root, name))
         return self._refresh(root_fd, tracked)
@@ -520,13 +535,10 @@ class ContainerLister:
         return self._state(tracked, ContainerStatus.REJECTED, rejection=Rejection(reason, str(exc)))
 
     def _refresh(self, root_fd: int, tracked: _Tracked) -> ContainerState | _Pending:
-        dirname = tracked.key.dirname
         handle = tracked.handle
         if handle is not None:
             try:
-                st = os.stat(
-                    f"{dirname}/{tracked.cache_name}", dir_fd=root_fd, follow_symlinks=False
-                )
+                st = os.stat(tracked.cache_path, dir_fd=root_fd, follow_symlinks=False)
             except FileNotFoundError:
                 tracked.drop_handle()
             except OSError as exc:
@@ -672,6 +684,7 @@ class ContainerLister:
         finally:
             os.close(dir_fd)
         tracked.handle = handle
+        tracked.cache_path = f"{dirname}/{caches[0]}"
         try:
             size = handle.size()
         except CacheFileRejected as exc:
@@ -692,11 +705,17 @@ class ContainerLister:
         """
         grouped: dict[ContainerKey, list[tuple[ControlField, int]]] = {}
         for write in writes:
-            grouped.setdefault(write.key, []).append((write.field, write.value))
+            values = grouped.get(write.key)
+            if values is None:
+                grouped[write.key] = [(write.field, write.value)]
+            else:
+                values.append((write.field, write.value))
         done = 0
+        debug = logger.isEnabledFor(logging.DEBUG)
         for key, values in grouped.items():
-            tracked = self._tracked.get(key.dirname)
-            if tracked is None or tracked.handle is None or key.dirname in self._removing:
+            dirname = key.dirname
+            tracked = self._tracked.get(dirname)
+            if tracked is None or tracked.handle is None or dirname in self._removing:
                 continue
             try:
                 tracked.handle.write_controls(values)
@@ -711,10 +730,10 @@ class ContainerLister:
                     exc,
                 )
                 continue
-            if logger.isEnabledFor(logging.DEBUG):
+            if debug:
                 logger.debug(
                     "container %s: %s",
-                    key.dirname,
+                    dirname,
                     ", ".join(f"{field.value}<-{value}" for field, value in values),
                 )
             done += len(values)

@@ -183,19 +183,11 @@ class RegionHandle:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def _pread(self, length: int, offset: int) -> bytes:
-        self.read_bytes += length
-        try:
-            data = os.pread(self._fd, length, offset)
-        except OSError as exc:
-            raise _io_rejection(self.display, "read", exc) from exc
-        if len(data) != length:
-            raise CacheFileRejected(
-                RejectReason.TRUNCATED,
-                f"{self.display} shrank while being read ({len(data)} of {length} bytes at "
-                f"offset {offset})",
-            )
-        return data
+    def _shrank(self, got: int, length: int, offset: int) -> CacheFileRejected:
+        return CacheFileRejected(
+            RejectReason.TRUNCATED,
+            f"{self.display} shrank while being read ({got} of {length} bytes at offset {offset})",
+        )
 
     def read(self, size: int | None = None) -> UsageSnapshot:
         """Read the live ranges and return the snapshot (the loader rule is applied anew).
@@ -223,13 +215,31 @@ class RegionHandle:
     def _read(self, size: int) -> UsageSnapshot:
         # The decoder says which ranges to read (the tail, then the head up to the live
         # slots); every pread is checked to have returned the whole range.
-        decoder = self._decoder
+        decoder, fd = self._decoder, self._fd
         offset, length = decoder.start(size)
         while True:
-            step = decoder.feed(self._pread(length, offset))
+            self.read_bytes += length
+            try:
+                data = os.pread(fd, length, offset)
+            except OSError as exc:
+                raise _io_rejection(self.display, "read", exc) from exc
+            if len(data) != length:
+                raise self._shrank(len(data), length, offset)
+            step = decoder.feed(data)
             if not isinstance(step, tuple):
                 return step
             offset, length = step
+
+    def _pread(self, length: int, offset: int) -> bytes:
+        """One whole range, outside the decoder (the cold re-read of ``read_totals_without``)."""
+        self.read_bytes += length
+        try:
+            data = os.pread(self._fd, length, offset)
+        except OSError as exc:
+            raise _io_rejection(self.display, "read", exc) from exc
+        if len(data) != length:
+            raise self._shrank(len(data), length, offset)
+        return data
 
     # -- writing ---------------------------------------------------------------------------
 

@@ -12,10 +12,14 @@ How one region is read).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
+import operator
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from hami_trio.monitor.layout import (
     HEADER,
@@ -178,6 +182,27 @@ class UsageSnapshot:
     pids: tuple[int, ...] = ()
     host_pids: tuple[int, ...] = ()
     device_processes: tuple[int, ...] = ()
+
+
+def _constructor(cls: type[Any]) -> Callable[..., Any]:
+    """A faster equivalent of ``cls(*fields)`` for a frozen, slotted dataclass with no
+    ``__post_init__``: each slot set through its descriptor instead of through
+    ``object.__setattr__`` by name (the decoder builds a few per container per tick).
+    Generated like dataclasses' own ``__init__``; a test checks it against the class."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    scope: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
+    lines = [f"def make({', '.join(names)}):", "    self = _new(_cls)"]
+    for i, name in enumerate(names):
+        scope[f"_set{i}"] = cls.__dict__[name].__set__
+        lines.append(f"    _set{i}(self, {name})")
+    lines.append("    return self")
+    exec("\n".join(lines), scope)  # our own field names only
+    make: Callable[..., Any] = scope["make"]
+    return make
+
+
+_new_device_usage: Callable[..., DeviceUsage] = _constructor(DeviceUsage)
+_new_usage_snapshot: Callable[..., UsageSnapshot] = _constructor(UsageSnapshot)
 
 
 def read_tail(
@@ -387,30 +412,49 @@ def _snapshot(
     static: StaticInfo,
     totals: SlotTotals,
 ) -> UsageSnapshot:
+    parts = (totals.active_slots, totals.pids, totals.host_pids, totals.device_processes)
+    return _new_snapshot(
+        layout, file_size, _version(layout, head), values, static, totals.devices, ((), *parts)
+    )
+
+
+def _version(layout: Layout, head: bytes | bytearray | memoryview) -> tuple[int | None, int | None]:
+    if not layout.has_version:
+        return (None, None)
+    _, major, minor = HEADER.unpack_from(head)
+    return (major, minor)
+
+
+def _new_snapshot(
+    layout: Layout,
+    file_size: int,
+    version: tuple[int | None, int | None],
+    values: tuple[int, int, int, int, int],
+    static: StaticInfo,
+    devices: tuple[DeviceUsage, ...],
+    totals: tuple[object, int, tuple[int, ...], tuple[int, ...], tuple[int, ...]],
+) -> UsageSnapshot:
     proc_num, switch, recent, priority, last_kernel = values
-    if layout.has_version:
-        _, major, minor = HEADER.unpack_from(head)
-        version: tuple[int | None, int | None] = (major, minor)
-    else:
-        version = (None, None)
-    return UsageSnapshot(
-        format=layout.format,
-        major=version[0],
-        minor=version[1],
-        file_size=file_size,
-        device_count=static.device_count,
-        proc_num=proc_num,
-        active_slots=totals.active_slots,
-        priority=priority,
-        recent_kernel=recent,
-        utilization_switch=switch,
-        last_kernel_time=last_kernel,
-        devices=totals.devices,
-        uuids=static.uuids,
-        device_keys=static.device_keys,
-        pids=totals.pids,
-        host_pids=totals.host_pids,
-        device_processes=totals.device_processes,
+    _, active, pids, host_pids, busy = totals
+    # positional, in field order (see UsageSnapshot)
+    return _new_usage_snapshot(
+        layout.format,
+        version[0],
+        version[1],
+        file_size,
+        static.device_count,
+        proc_num,
+        active,
+        priority,
+        recent,
+        switch,
+        last_kernel,
+        devices,
+        static.uuids,
+        static.device_keys,
+        pids,
+        host_pids,
+        busy,
     )
 
 
@@ -422,12 +466,69 @@ def _snapshot(
 #: collection, a stall of the whole event loop).
 KEEP_ROWS_SLOTS = 64
 
+# What the live slots add up to: per-device sums (context, module, data, offset, total per
+# device, then sm_util per device, as in slot_struct), live slots, pids, host pids, and per
+# device the live slots using it.
+_Totals = tuple[tuple[int, ...], int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+def _sum_fields(rows: list[tuple[int, ...]], device_count: int) -> _Totals:
+    """:func:`sum_rows` without the objects: over the rows whose status is not 0, the sums
+    (uint64, wrapping), the live slots, their pids and host pids, the slots per device.
+    Column by column (one ``zip``), so the per-slot work stays in C."""
+    columns = list(zip(*rows, strict=True))
+    if columns and 0 in columns[-1]:
+        rows = [row for row in rows if row[-1]]
+        columns = list(zip(*rows, strict=True))
+    sm_base = 2 + 5 * device_count
+    if not columns:
+        return (0,) * (6 * device_count), 0, (), (), (0,) * device_count
+    sums = tuple(map(sum, columns[2:-1]))
+    if max(sums, default=0) > _MASK64:
+        sums = tuple([value & _MASK64 for value in sums])
+    live = len(rows)
+    busy = tuple(
+        [
+            # a device every live slot has memory on is used by all of them (the usual case)
+            live
+            if 0 not in columns[6 + 5 * d]
+            else live - list(map(operator.or_, columns[6 + 5 * d], columns[sm_base + d])).count(0)
+            for d in range(device_count)
+        ]
+    )
+    return sums, live, columns[0], columns[1], busy
+
+
+def _devices(sums: tuple[int, ...], static: StaticInfo) -> tuple[DeviceUsage, ...]:
+    count = static.device_count
+    uuids, limits, sm_limits = static.uuids, static.limits, static.sm_limits
+    sm_base = 5 * count
+    # sums[5d:5d+5] are context, module, data, offset, total; sums[sm_base + d] is sm_util
+    return tuple(
+        [
+            _new_device_usage(
+                d,
+                uuids[d],
+                limits[d],
+                sm_limits[d],
+                sums[5 * d + 4],
+                sums[5 * d],
+                sums[5 * d + 1],
+                sums[5 * d + 2],
+                sums[5 * d + 3],
+                sums[sm_base + d],
+            )
+            for d in range(count)
+        ]
+    )
+
 
 class _Decoded:
     """What the last snapshot was derived from, to tell whether anything changed."""
 
     __slots__ = (
         "codec",
+        "devices",
         "head_size",
         "layout",
         "prefix",
@@ -438,6 +539,7 @@ class _Decoded:
         "tail",
         "totals",
         "values",
+        "version",
     )
 
     def __init__(
@@ -450,7 +552,8 @@ class _Decoded:
         layout: Layout,
         static: StaticInfo,
         rows: list[tuple[int, ...]] | None,
-        totals: SlotTotals,
+        totals: _Totals,
+        devices: tuple[DeviceUsage, ...],
         snapshot: UsageSnapshot,
     ) -> None:
         self.size = size
@@ -462,7 +565,9 @@ class _Decoded:
         self.static = static
         self.rows = rows
         self.totals = totals
+        self.devices = devices
         self.snapshot = snapshot
+        self.version = (snapshot.major, snapshot.minor)
         self.codec = slot_struct(layout, static.device_count)
 
 
@@ -485,8 +590,10 @@ class RegionDecoder:
     Change detection is inside: the decoder keeps the header/static prefix of the head
     (~1.8 KB), the tail and, for at most :data:`KEEP_ROWS_SLOTS` live slots, their used
     fields as ints - not the whole head.  When size and prefix are unchanged only the slots
-    are unpacked again; the snapshot is the same object as last time when no byte it depends
-    on changed, and only the tail is decoded anew when only the tail moved.
+    are unpacked again and compared with the kept ones; equal, nothing is summed again;
+    equal sums keep the device objects.  The snapshot is the same object as last time when
+    no byte it depends on changed, and only the tail is decoded anew when only the tail
+    moved.
     """
 
     __slots__ = ("_decoded", "_layout", "_pending", "_size", "_tail", "_values", "_want")
@@ -567,38 +674,35 @@ class RegionDecoder:
                 fed = self._values = read_tail(layout, data)
                 self._want = length = layout.body_size(clamp_proc_num(fed[0]))
             return (0, length)
-        # the head: decode it (one method, not two: this runs per container per tick)
+        # the head: decode it (one method, not several: this runs per container per tick)
         values = self._values
         assert values is not None
         self._want = -1
         self._tail = None
         head, size, decoded = data, self._size, self._decoded
         if decoded is not None and decoded.size == size and head.startswith(decoded.prefix):
-            # head is exactly the live slots long, so the view below is exactly those slots
-            rows = list(decoded.codec.iter_unpack(memoryview(head)[decoded.layout.procs :]))
-            if decoded.rows is None:
-                # Rows not kept (see KEEP_ROWS_SLOTS): compare the sums instead.
-                totals = sum_rows(rows, decoded.static)
-                if len(rows) <= KEEP_ROWS_SLOTS:
-                    decoded.rows = rows
-                renew = totals != decoded.totals or decoded.tail != tail
-                if renew:
+            # The header and static part are the bytes the kept snapshot came from; head is
+            # exactly the live slots long.
+            static = decoded.static
+            slots = clamp_proc_num(values[0])
+            rows = list(decoded.codec.iter_unpack(memoryview(head)[layout.procs :]))
+            renew = tail != decoded.tail
+            if rows != decoded.rows:  # (never equal when not kept: KEEP_ROWS_SLOTS)
+                decoded.rows = rows if slots <= KEEP_ROWS_SLOTS else None
+                totals = _sum_fields(rows, static.device_count)
+                if totals != decoded.totals:
+                    if totals[0] != decoded.totals[0]:
+                        decoded.devices = _devices(totals[0], static)
                     decoded.totals = totals
-            elif rows == decoded.rows:
-                # Only the tail may have moved (recent_kernel decays every tick): same sums.
-                renew = decoded.tail != tail
-            else:
-                decoded.rows = rows if len(rows) <= KEEP_ROWS_SLOTS else None
-                decoded.totals = sum_rows(rows, decoded.static)
-                renew = True
+                    renew = True
             if renew:
                 decoded.tail = tail
                 decoded.values = values
                 decoded.head_size = len(head)
-                decoded.snapshot = _snapshot(
-                    decoded.layout, size, head, values, decoded.static, decoded.totals
+                decoded.snapshot = _new_snapshot(
+                    layout, size, decoded.version, values, static, decoded.devices, decoded.totals
                 )
-            self._layout = decoded.layout
+            self._layout = layout
             return decoded.snapshot
         layout = classify(size, head)
         slots = clamp_proc_num(values[0])
@@ -606,9 +710,10 @@ class RegionDecoder:
         if decoded is not None and decoded.static == static:
             static = decoded.static  # keep the objects (and identities) the view already has
         rows = slot_rows(layout, head, slots, static.device_count)
-        totals = sum_rows(rows, static)
-        snapshot = _snapshot(layout, size, head, values, static, totals)
-        kept = rows if slots <= KEEP_ROWS_SLOTS else None
+        totals = _sum_fields(rows, static.device_count)
+        devices = _devices(totals[0], static)
+        version = _version(layout, head)
+        snapshot = _new_snapshot(layout, size, version, values, static, devices, totals)
         self._decoded = _Decoded(
             size,
             head[: layout.procs],
@@ -617,8 +722,9 @@ class RegionDecoder:
             len(head),
             layout,
             static,
-            kept,
+            rows if slots <= KEEP_ROWS_SLOTS else None,
             totals,
+            devices,
             snapshot,
         )
         self._layout = layout

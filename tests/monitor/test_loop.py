@@ -20,6 +20,8 @@ from prometheus_client import CollectorRegistry
 from trio.testing import MockClock
 
 from hami_trio.monitor import loop as loop_module
+from hami_trio.monitor.feedback import Write
+from hami_trio.monitor.layout import ControlField
 from hami_trio.monitor.lister import ContainerKey
 from hami_trio.monitor.loop import (
     Monitor,
@@ -117,6 +119,50 @@ async def test_ticks_every_interval_and_writes_feedback(
         registry.get_sample_value("hami_trio_monitor_files_rejected_total", {"reason": "magic"})
         == 0
     )
+
+
+def test_writes_are_cut_into_batches_of_whole_containers() -> None:
+    rk, us = ControlField.RECENT_KERNEL, ControlField.UTILIZATION_SWITCH
+    writes = (
+        Write("a", rk, 1),
+        Write("a", us, 1),
+        Write("b", rk, 0),
+        Write("c", rk, 1),
+        Write("c", us, 0),
+    )
+    batches = loop_module._batches(writes, 2)
+    assert [[(w.key, w.field) for w in batch] for batch in batches] == [
+        [("a", rk), ("a", us), ("b", rk)],
+        [("c", rk), ("c", us)],
+    ]
+    assert loop_module._batches(writes, 3) == [writes]
+    assert [len(b) for b in loop_module._batches(writes, 1)] == [2, 1, 2]
+    assert loop_module._batches((), 2) == []
+
+
+async def test_a_lock_that_appears_between_two_batches_stops_the_writes(
+    autojump_clock: MockClock, hook: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    works = [add(hook, f"p{i}_c", priority=i, recent_kernel=2) for i in range(3)]
+    cfg = config(hook)
+    monkeypatch.setattr(loop_module, "WRITE_BATCH", 1)
+    monitor = Monitor(cfg, pod_source=StaticPodSource())
+    real_apply = monitor.lister.apply
+    batches: list[int] = []
+
+    def apply(writes: list[Write[ContainerKey]]) -> int:
+        batches.append(len(writes))
+        done = real_apply(writes)
+        cfg.mig_lock_path.touch()  # the MIG apply starts right after the first batch
+        return done
+
+    monkeypatch.setattr(monitor.lister, "apply", apply)
+    try:
+        assert await monitor.tick() == 1  # p0's recent_kernel; then the lock is seen
+    finally:
+        monitor.close()
+    assert len(batches) == 1
+    assert [w.read_control()[0] for w in works] == [1, 2, 2]
 
 
 async def test_rejections_are_counted_in_the_registry(

@@ -7,6 +7,7 @@ applied by another route) and with what the bytes say.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import tracemalloc
 from collections.abc import Callable
@@ -26,8 +27,11 @@ from hami_trio.monitor.layout import (
 )
 from hami_trio.monitor.snapshot import (
     KEEP_ROWS_SLOTS,
+    DeviceUsage,
     RegionDecoder,
     UsageSnapshot,
+    _new_device_usage,
+    _new_usage_snapshot,
     parse_region,
     parse_static,
     slot_rows,
@@ -269,6 +273,38 @@ def test_many_live_slots_are_re_summed_not_kept() -> None:
     changed = decode(decoder, data)
     assert changed.active_slots == 1023
     assert changed.devices[0].memory_total == 1023 << 20
+
+
+def test_sums_wrap_at_64_bits_and_a_dead_slot_between_live_ones_is_left_out() -> None:
+    decoder = RegionDecoder()
+    decode(decoder, region())
+    huge = (1 << 64) - 5
+    procs = [
+        ProcSlot(pid=1, used=[MemoryUse(total=huge), MemoryUse(total=1)]),
+        ProcSlot(pid=2, status=0, used=[MemoryUse(total=1000), MemoryUse(total=1000)]),
+        ProcSlot(pid=3, used=[MemoryUse(total=10)], util=[UtilUse(), UtilUse(sm_util=4)]),
+    ]
+    for got in (decode(decoder, region(procs=procs)), decode(RegionDecoder(), region(procs=procs))):
+        assert [d.memory_total for d in got.devices] == [5, 1]  # (huge + 10) mod 2**64
+        assert (got.active_slots, got.pids, got.device_processes) == (2, (1, 3), (2, 2))
+        assert got == parse_region(region(procs=procs))
+
+
+def test_the_fast_constructors_build_what_the_classes_build() -> None:
+    # The decoder builds its objects through the slot descriptors; they must be the very
+    # objects the dataclass constructors make: equal, hashable alike, frozen, all fields.
+    snapshot = parse_region(region())
+    for cls, make, obj in (
+        (UsageSnapshot, _new_usage_snapshot, snapshot),
+        (DeviceUsage, _new_device_usage, snapshot.devices[0]),
+    ):
+        values = [getattr(obj, f.name) for f in dataclasses.fields(cls)]
+        made = make(*values)
+        assert type(made) is cls
+        assert made == cls(*values) == obj
+        assert hash(made) == hash(obj)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(made, dataclasses.fields(cls)[0].name, 1)
 
 
 # -- against parse_region ------------------------------------------------------------------
