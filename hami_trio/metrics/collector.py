@@ -470,7 +470,7 @@ class _Families:
             owner,
             tuple(
                 [
-                    family.render_rows(family_rows)
+                    family.render_rows(family_rows).encode()
                     for family, family_rows in zip(self._cached, rows, strict=True)
                 ]
             ),
@@ -608,10 +608,10 @@ class _Families:
                 # The only rows that change without a new snapshot: rendered once per second.
                 texts = container.kernel = (
                     now,
-                    self.last_kernel.render_rows(_kernel_rows(container, now, False)),
-                    self.legacy_last_kernel.render_rows(_kernel_rows(container, now, True))
+                    self.last_kernel.render_rows(_kernel_rows(container, now, False)).encode(),
+                    self.legacy_last_kernel.render_rows(_kernel_rows(container, now, True)).encode()
                     if self.legacy
-                    else "",
+                    else b"",
                 )  # two scrapes may race here: each uses what it rendered, both are right
             kernel.append(texts[1])
             legacy_kernel.append(texts[2])
@@ -664,21 +664,21 @@ class _ContainerRows:
         snapshot: SnapshotView,
         insight: InsightView | None,
         owner: tuple[str, str, str],
-        blocks: tuple[str, ...],
+        blocks: tuple[bytes, ...],
         kernel_labels: tuple[_KernelLabels, ...],
         last: int,
     ) -> None:
         self.snapshot = snapshot
         self.insight = insight
         self.owner = owner
-        #: The sample lines per family of ``_Families._cached``.
+        #: The sample lines (UTF-8) per family of ``_Families._cached``.
         self.blocks = blocks
         #: Per exported device: label values, new-style and legacy rendering.
         self.kernel_labels = kernel_labels
         #: The snapshot's last kernel time (Go's int64).
         self.last = last
         #: ``last_kernel_elapsed`` rendered for one ``now``: (now, lines, legacy lines).
-        self.kernel: tuple[int, str, str] | None = None
+        self.kernel: tuple[int, bytes, bytes] | None = None
 
     def reusable(
         self, snapshot: SnapshotView, insight: InsightView | None, owner: tuple[str, str, str]

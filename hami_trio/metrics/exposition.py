@@ -75,10 +75,10 @@ class FastGauge(Metric):
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
         self._rows: list[GaugeRow] = []
-        #: Sample lines rendered earlier (:meth:`render_rows`; a collector keeps them across
-        #: scrapes while their rows stay the same), written before the rows of :meth:`add`;
+        #: Sample lines rendered earlier (:meth:`render_rows`, UTF-8; a collector keeps them
+        #: across scrapes while their rows stay the same), before the rows of :meth:`add`;
         #: ``block_rows`` gives their rows again (for :attr:`samples`).
-        self.blocks: list[str] = []
+        self.blocks: list[bytes] = []
         self.block_rows: BlockRows[int] | None = None
         super().__init__(name, documentation, "gauge")
         self.labelnames = tuple(labelnames)
@@ -121,10 +121,14 @@ class FastGauge(Metric):
     def exposition(self, openmetrics: bool = False) -> str:
         """``# HELP``, ``# TYPE`` and one line per sample (the same lines in text 0.0.4 and
         OpenMetrics, so ``openmetrics`` changes nothing)."""
+        return self.encoded(openmetrics).decode("utf-8")
+
+    def encoded(self, openmetrics: bool = False) -> bytes:
+        """:meth:`exposition` as UTF-8 (the kept blocks are joined as they are)."""
         name = self.name
         help_text = self.documentation.replace("\\", "\\\\").replace("\n", "\\n")
         head = f"# HELP {name} {help_text}\n# TYPE {name} gauge\n"
-        return head + "".join(self.blocks) + self.render_rows(self._rows)
+        return b"".join([head.encode(), *self.blocks, self.render_rows(self._rows).encode()])
 
 
 class FastCounter(Metric):
@@ -138,10 +142,10 @@ class FastCounter(Metric):
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
         self._rows: list[CounterRow] = []
-        #: Sample lines rendered earlier (:meth:`render_rows`; a collector keeps them across
-        #: scrapes while their rows stay the same), written before the rows of :meth:`add`;
+        #: Sample lines rendered earlier (:meth:`render_rows`, UTF-8; a collector keeps them
+        #: across scrapes while their rows stay the same), before the rows of :meth:`add`;
         #: ``block_rows`` gives their rows again (for :attr:`samples`).
-        self.blocks: list[str] = []
+        self.blocks: list[bytes] = []
         self.block_rows: BlockRows[float] | None = None
         super().__init__(name, documentation, "counter")
         self.labelnames = tuple(labelnames)
@@ -183,8 +187,12 @@ class FastCounter(Metric):
 
     def exposition(self, openmetrics: bool = False) -> str:
         """``# HELP``, ``# TYPE`` and one ``name_total`` line per sample."""
+        return self.encoded(openmetrics).decode("utf-8")
+
+    def encoded(self, openmetrics: bool = False) -> bytes:
+        """:meth:`exposition` as UTF-8 (the kept blocks are joined as they are)."""
         sample = f"{self.name}_total"
         head_name = self.name if openmetrics else sample
         help_text = self.documentation.replace("\\", "\\\\").replace("\n", "\\n")
         head = f"# HELP {head_name} {help_text}\n# TYPE {head_name} counter\n"
-        return head + "".join(self.blocks) + self.render_rows(self._rows)
+        return b"".join([head.encode(), *self.blocks, self.render_rows(self._rows).encode()])
