@@ -5,9 +5,12 @@ How this works: :class:`VGpuCollector` is registered into the agent's registry; 
 tick (immutable snapshots, never a ``.cache`` file), the pod source (pod names and, with
 Kubernetes, the MIG allocation annotations) and the NVML sampler, and renders HAMi
 vGPUmonitor's families with their names, help texts and labels through the fast renderer of
-:mod:`hami_trio.metrics.exposition`.  Which containers are exported is decided per directory
-by the pure :func:`~hami_trio.metrics.exportstate.export_state` (pod known and labelled for
-this node, container listed, pod not completed, file loaded), and every directory is counted
+:mod:`hami_trio.metrics.exposition`.  Each container's rendered lines are kept until the next
+scrape (:class:`_ContainerRows`) and reused while the monitor hands over the same snapshot
+and insight objects and the pod keeps its names.  Which containers are exported is decided
+per directory by the pure :func:`~hami_trio.metrics.exportstate.export_state` (pod known and
+labelled for this node, container listed, pod not completed, file loaded), and every directory
+is counted
 by its state in ``hami_trio_monitor_containers{state}``.  Tenant data never fails a scrape: a
 failure costs only its own container's rows (``container``), pod's MIG rows (``mig``), this
 scrape's MIG rows (``pods``) or host families (``host``) - and, through
@@ -346,7 +349,7 @@ class _Families:
             "Mig device information for container",
             (*_LEGACY_LABELS, "instanceid", "zone"),
         )
-        # The families a container's cached blocks go to, in _ContainerRows.blocks' order.
+        # The families a container's kept lines go to, in _ContainerRows.blocks' order.
         self._cached: tuple[FastGauge | FastCounter, ...] = (
             self.used,
             self.limit,

@@ -71,6 +71,10 @@ class FastGauge(Metric):
     else that reads :attr:`samples` (``generate_latest``, ``get_sample_value``, ``name[]``
     filtering) gets ordinary :class:`~prometheus_client.samples.Sample` values, built on
     demand.
+
+    A collector may also hand over lines it rendered earlier (:attr:`blocks`, UTF-8, with
+    :attr:`block_rows` giving their rows again for :attr:`samples`): the vGPU collector keeps
+    each container's lines across scrapes while the container's snapshot is the same.
     """
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
