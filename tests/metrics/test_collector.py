@@ -797,3 +797,52 @@ def test_kept_lines_only_for_the_containers_of_the_latest_scrape() -> None:
     text = scrape(mig)
     assert len(mig._rendered) == 1  # bounded by what the monitor holds now
     assert [labels["pod"] for labels, _ in samples(text, "hami_vgpu_memory_used_bytes")] == ["p-0"]
+
+
+def test_two_scrapes_at_once_give_what_one_gives() -> None:
+    # The HTTP server renders in up to two worker threads: both read and replace the kept
+    # lines (and one container's elapsed-seconds lines) without a lock.
+    import threading
+
+    containers = [
+        FakeContainer(f"uid-{i}", "worker", FakeSnapshot(last_kernel_time=NOW - i))
+        for i in range(50)
+    ]
+    pods = [hami_pod(f"uid-{i}", name=f"p-{i}") for i in range(50)]
+    clock = [float(NOW)]
+    mig = VGpuCollector(
+        FakeMonitor(containers),
+        Pods(pods),
+        node_name="node-a",
+        legacy=True,
+        wall_clock=lambda: clock[0],
+    )
+    registry = CollectorRegistry()
+    registry.register(mig)
+    first = render_metrics(registry, "", [])[0]
+    results: list[bytes] = []
+
+    def scrape_many() -> None:
+        for _ in range(40):
+            results.append(render_metrics(registry, "", [])[0])
+
+    threads = [threading.Thread(target=scrape_many) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 80
+    assert all(result == first for result in results)
+    clock[0] += 3  # one second later (three): every elapsed value moves, in both threads
+    results.clear()
+    threads = [threading.Thread(target=scrape_many) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    later = {
+        labels["podname"]: value
+        for labels, value in samples(results[-1].decode(), "Device_last_kernel_of_container")
+    }
+    assert later == {f"p-{i}": i + 3.0 for i in range(50)}
+    assert len(set(results)) == 1
