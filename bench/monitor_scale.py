@@ -202,8 +202,18 @@ async def scrape_latency(monitor: object) -> Figures:
             samples.append(time.perf_counter() - start)
         return statistics.median(samples) * 1e3
 
+    def cpu_min(render: Callable[[], object], times: int = 21) -> float:
+        """The least CPU time of ``times`` renders (other load on a shared machine only adds)."""
+        samples = []
+        for _ in range(times):
+            start = time.process_time()
+            render()
+            samples.append(time.process_time() - start)
+        return min(samples) * 1e3
+
     figures: Figures = {
         "render_ms": in_process(lambda: render_metrics(registry, "", [])),
+        "render_cpu_min_ms": cpu_min(lambda: render_metrics(registry, "", [])),
         "generate_latest_ms": in_process(lambda: generate_latest(registry)),
     }
     variants = {
@@ -233,6 +243,45 @@ async def scrape_latency(monitor: object) -> Figures:
 
 
 MEASUREMENTS.append(scrape_latency)
+
+
+async def render_after_ticks(monitor: object, change: Callable[[int], None]) -> Figures:
+    """The render right after a tick, as when Prometheus scrapes less often than the monitor
+    ticks: in ``churn`` every container has a new snapshot (nothing rendered before is
+    reusable), in ``static`` the same objects (everything is).  The scrape figures above
+    render the same tick 101 times over; this is the other end.  CPU time of the render
+    alone (the tick is not timed), least and median of 7 rounds."""
+    from prometheus_client import CollectorRegistry
+
+    from hami_trio.metrics.collector import BuildInfoCollector, VGpuCollector
+    from hami_trio.metrics.http import render_metrics
+    from hami_trio.monitor.loop import Monitor
+    from hami_trio.pods.source import StaticPodSource
+
+    assert isinstance(monitor, Monitor)
+    registry = CollectorRegistry()
+    registry.register(BuildInfoCollector())
+    registry.register(
+        VGpuCollector(
+            monitor,
+            StaticPodSource(),
+            node_name="bench",
+            kubernetes=False,
+            insights=monitor.insights,
+        )
+    )
+    render_metrics(registry, "", [])  # label strings rendered, as after the first scrape
+    cpu = []
+    for r in range(7):
+        change(500 + r)
+        await monitor.tick()
+        start = time.process_time()
+        render_metrics(registry, "", [])
+        cpu.append(time.process_time() - start)
+    return {
+        "render_after_tick_cpu_min_ms": min(cpu) * 1e3,
+        "render_after_tick_cpu_median_ms": statistics.median(cpu) * 1e3,
+    }
 
 
 async def pod_scrape_cost(monitor: object) -> Figures:
@@ -550,6 +599,7 @@ def child(hook: Path, n: int, ticks: int, mode: str, rounds: int) -> Figures:
             figures.update(await measure(monitor))
         # before the breakdown, which holds every container's bytes at once
         figures["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        figures.update(await render_after_ticks(monitor, change))
         if rounds:
             figures.update(await breakdown(monitor, change, rounds))
         monitor.close()

@@ -5,9 +5,12 @@ How this works: :class:`VGpuCollector` is registered into the agent's registry; 
 tick (immutable snapshots, never a ``.cache`` file), the pod source (pod names and, with
 Kubernetes, the MIG allocation annotations) and the NVML sampler, and renders HAMi
 vGPUmonitor's families with their names, help texts and labels through the fast renderer of
-:mod:`hami_trio.metrics.exposition`.  Which containers are exported is decided per directory
-by the pure :func:`~hami_trio.metrics.exportstate.export_state` (pod known and labelled for
-this node, container listed, pod not completed, file loaded), and every directory is counted
+:mod:`hami_trio.metrics.exposition`.  Each container's rendered lines are kept until the next
+scrape (:class:`_ContainerRows`) and reused while the monitor hands over the same snapshot
+and insight objects and the pod keeps its names.  Which containers are exported is decided
+per directory by the pure :func:`~hami_trio.metrics.exportstate.export_state` (pod known and
+labelled for this node, container listed, pod not completed, file loaded), and every directory
+is counted
 by its state in ``hami_trio_monitor_containers{state}``.  Tenant data never fails a scrape: a
 failure costs only its own container's rows (``container``), pod's MIG rows (``mig``), this
 scrape's MIG rows (``pods``) or host families (``host``) - and, through
@@ -24,6 +27,7 @@ import platform
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any, Final, Protocol
 
 import trio
@@ -287,7 +291,6 @@ class _Families:
     ) -> None:
         self._labels = labels
         self._insight_labels = _InsightLabels() if insight_labels is None else insight_labels
-        self._rows: list[list[tuple[tuple[str, ...], str, float]]] | None = None
         self.devices = 0
         new = (*_CONTAINER_LABELS, "zone")
 
@@ -346,25 +349,37 @@ class _Families:
             "Mig device information for container",
             (*_LEGACY_LABELS, "instanceid", "zone"),
         )
+        # The families a container's kept lines go to, in _ContainerRows.blocks' order.
+        self._cached: tuple[FastGauge | FastCounter, ...] = (
+            self.used,
+            self.limit,
+            self.memory,
+            self.util,
+            self.context,
+            self.module,
+            self.buffer,
+            self.blocked,
+            self.processes,
+            self.device_processes,
+            self.core_limit,
+            self.priority,
+            self.utilization_switch,
+            self.blocked_seconds,
+            self.blocks,
+        )
+        if legacy:
+            self._cached += (
+                self.legacy_used,
+                self.legacy_limit,
+                self.legacy_util,
+                self.legacy_memory,
+            )
 
     def every(self) -> list[FastGauge | FastCounter]:
         """Every family of the scrape, legacy ones included."""
         return [
             value for value in vars(self).values() if isinstance(value, FastGauge | FastCounter)
         ]
-
-    def checkpoint(self) -> list[int]:
-        """The current length of every family (see :meth:`rollback`); cheap, once per
-        container."""
-        if self._rows is None:
-            self._rows = [family._rows for family in self.every()]  # type: ignore[misc]
-        return list(map(len, self._rows))
-
-    def rollback(self, checkpoint: list[int]) -> None:
-        """Drop every sample added since ``checkpoint``."""
-        assert self._rows is not None
-        for rows, length in zip(self._rows, checkpoint, strict=True):
-            del rows[length:]
 
     def upstream(self) -> list[FastGauge]:
         families = [
@@ -431,7 +446,7 @@ class _Families:
         )
 
     def insight_families(self) -> list[FastGauge | FastCounter]:
-        """The families filled by :meth:`add_insight`."""
+        """The families filled by :meth:`render` from the monitor's insights."""
         return [
             self.processes,
             self.device_processes,
@@ -442,62 +457,76 @@ class _Families:
             self.blocks,
         ]
 
-    def owner_labels(self, owner: tuple[str, str, str]) -> _OwnerLabels:
-        """The rendered ``namespace, pod, container`` labels (cached across scrapes)."""
-        return self._insight_labels.owner(owner)
-
-    def add_insight(
+    def render(
         self,
         owner: tuple[str, str, str],
-        labels: _OwnerLabels,
-        insight: InsightView,
-        devices: Sequence[tuple[tuple[str, ...], int]],
-    ) -> None:
-        """The insight rows of one container; ``devices`` = (label values, device index) of
-        each device upstream's rows were exported for."""
-        rendered_owner, ((run_ids, run), (exit_ids, exit_), (unk_ids, unk)) = labels
-        processes = insight.processes
-        rows = self.processes._rows
-        rows.append((run_ids, run, processes.running))
-        rows.append((exit_ids, exit_, processes.exited))
-        rows.append((unk_ids, unk, processes.unknown))
-        self.priority._rows.append((owner, rendered_owner, insight.priority))
-        self.utilization_switch._rows.append((owner, rendered_owner, insight.utilization_switch))
-        block = insight.block
-        self.blocked_seconds.add(owner, rendered_owner, block.seconds)
-        self.blocks.add(owner, rendered_owner, block.blocks)
-        if not devices:
-            return
-        limits, users = insight.core_limits, insight.device_processes
-        device_labels = self._insight_labels.device
-        for ids, index in devices:
-            rendered = device_labels(ids)
-            if index < len(users):
-                self.device_processes._rows.append((ids, rendered, users[index]))
-            if index < len(limits):
-                self.core_limit._rows.append((ids, rendered, limits[index]))
+        snapshot: SnapshotView,
+        insight: InsightView | None,
+    ) -> _ContainerRows:
+        """Every row of one container, rendered (raises on data that cannot be exported:
+        nothing of the container is in the families then).  Only the text is kept: the rows
+        are built again from the same objects when something reads a family's samples."""
+        rows, kernel = self._container_rows(owner, snapshot, insight)
+        return _ContainerRows(
+            snapshot,
+            insight,
+            owner,
+            tuple(
+                [
+                    family.render_rows(family_rows).encode()
+                    for family, family_rows in zip(self._cached, rows, strict=True)
+                ]
+            ),
+            kernel,
+            _int64(snapshot.last_kernel_time),
+        )
 
-    def add_device(self, ids: tuple[str, ...], device: DeviceView, elapsed: int | None) -> None:
-        """All rows of one device; ``ids`` = (namespace, pod, container, index, uuid)."""
-        self.devices += 1
-        rendered, rendered_old = self._labels.get(ids)
-        values = (*ids, ZONE)
-        total = device.memory_total
-        self.used.add(values, rendered, total)
-        self.limit.add(values, rendered, device.memory_limit)
-        self.memory.add(values, rendered, total)
-        self.util.add(values, rendered, device.sm_util)
-        self.context.add(values, rendered, device.context_size)
-        self.module.add(values, rendered, device.module_size)
-        self.buffer.add(values, rendered, device.buffer_size)
-        if elapsed is not None:
-            self.last_kernel.add(values, rendered, elapsed)
-        if self.legacy:
-            self.legacy_used.add(values, rendered_old, total)
-            self.legacy_limit.add(values, rendered_old, device.memory_limit)
-            self.legacy_util.add(values, rendered_old, device.sm_util)
-            if elapsed is not None:
-                self.legacy_last_kernel.add(values, rendered_old, elapsed)
+    def _container_rows(
+        self,
+        owner: tuple[str, str, str],
+        snapshot: SnapshotView,
+        insight: InsightView | None,
+    ) -> tuple[list[Sequence[_AnyRow]], tuple[_KernelLabels, ...]]:
+        """One container's rows per family of ``_cached``, and per exported device the labels
+        of ``last_kernel_elapsed`` (whose value depends on the time of the scrape)."""
+        labels = self._labels.get
+        rendered_owner, states = self._insight_labels.owner(owner)
+        legacy = self.legacy
+        used: list[_Row] = []
+        limit: list[_Row] = []
+        memory: list[_Row] = []
+        util: list[_Row] = []
+        context: list[_Row] = []
+        module: list[_Row] = []
+        buffer: list[_Row] = []
+        legacy_used: list[_Row] = []
+        legacy_limit: list[_Row] = []
+        legacy_util: list[_Row] = []
+        legacy_memory: list[_Row] = []
+        kernel: list[_KernelLabels] = []
+        exported: list[tuple[tuple[str, ...], int]] = []
+        for device in _summed_devices(snapshot, insight):
+            uuid = device.uuid.label
+            if uuid is None:
+                continue
+            ids = (*owner, str(device.index), uuid)
+            rendered, rendered_old = labels(ids)
+            values = (*ids, ZONE)
+            total = device.memory_total
+            used.append((values, rendered, total))
+            limit.append((values, rendered, device.memory_limit))
+            memory.append((values, rendered, total))
+            util.append((values, rendered, device.sm_util))
+            context.append((values, rendered, device.context_size))
+            module.append((values, rendered, device.module_size))
+            buffer.append((values, rendered, device.buffer_size))
+            kernel.append((values, rendered, rendered_old))
+            exported.append((ids, device.index))
+            if not legacy:
+                continue
+            legacy_used.append((values, rendered_old, total))
+            legacy_limit.append((values, rendered_old, device.memory_limit))
+            legacy_util.append((values, rendered_old, device.sm_util))
             # Upstream subtracts in uint64: parts larger than the total wrap around.
             parts = (
                 str(device.context_size),
@@ -508,13 +537,157 @@ class _Families:
                     & _MASK64
                 ),
             )
-            memory_values = (*ids, *parts, ZONE)
             memory_rendered = (
                 rendered_old[: -len(_ZONE_SUFFIX)]
                 + ',context="{}",module="{}",data="{}",offset="{}"'.format(*parts)
                 + _ZONE_SUFFIX
             )
-            self.legacy_memory.add(memory_values, memory_rendered, total)
+            legacy_memory.append(((*ids, *parts, ZONE), memory_rendered, total))
+        blocked: list[_Row] = [(owner, rendered_owner, 1 if snapshot.recent_kernel < 0 else 0)]
+        processes: list[_Row] = []
+        device_processes: list[_Row] = []
+        core_limit: list[_Row] = []
+        priority: list[_Row] = []
+        switch: list[_Row] = []
+        seconds: list[tuple[tuple[str, ...], str, float]] = []
+        blocks: list[tuple[tuple[str, ...], str, float]] = []
+        if insight is not None:
+            (run_ids, run), (exit_ids, exit_), (unk_ids, unk) = states
+            counts = insight.processes
+            processes += [
+                (run_ids, run, counts.running),
+                (exit_ids, exit_, counts.exited),
+                (unk_ids, unk, counts.unknown),
+            ]
+            priority.append((owner, rendered_owner, insight.priority))
+            switch.append((owner, rendered_owner, insight.utilization_switch))
+            block = insight.block
+            seconds.append((owner, rendered_owner, block.seconds))
+            blocks.append((owner, rendered_owner, block.blocks))
+            if exported:
+                limits, users = insight.core_limits, insight.device_processes
+                device_labels = self._insight_labels.device
+                for device_ids, index in exported:
+                    rendered = device_labels(device_ids)
+                    if index < len(users):
+                        device_processes.append((device_ids, rendered, users[index]))
+                    if index < len(limits):
+                        core_limit.append((device_ids, rendered, limits[index]))
+        rows: list[Sequence[_AnyRow]] = [
+            used,
+            limit,
+            memory,
+            util,
+            context,
+            module,
+            buffer,
+            blocked,
+            processes,
+            device_processes,
+            core_limit,
+            priority,
+            switch,
+            seconds,
+            blocks,
+        ]
+        if legacy:
+            rows += [legacy_used, legacy_limit, legacy_util, legacy_memory]
+        return rows, tuple(kernel)
+
+    def attach(self, containers: Sequence[_ContainerRows], now: int) -> None:
+        """Fill the families with the containers' rows (rendered by :meth:`render`, in this
+        scrape or an earlier one), in this order; ``now`` for ``last_kernel_elapsed``."""
+        self.devices += sum([len(container.kernel_labels) for container in containers])
+        columns = zip(*[container.blocks for container in containers], strict=True)
+        for index, (family, column) in enumerate(zip(self._cached, columns, strict=False)):
+            family.blocks = list(column)
+            family.block_rows = partial(self._block_rows, containers, index)
+        kernel, legacy_kernel = [], []
+        for container in containers:
+            if container.last <= 0 or not container.kernel_labels:
+                continue
+            texts = container.kernel
+            if texts is None or texts[0] != now:
+                # The only rows that change without a new snapshot: rendered once per second.
+                texts = container.kernel = (
+                    now,
+                    self.last_kernel.render_rows(_kernel_rows(container, now, False)).encode(),
+                    self.legacy_last_kernel.render_rows(_kernel_rows(container, now, True)).encode()
+                    if self.legacy
+                    else b"",
+                )  # two scrapes may race here: each uses what it rendered, both are right
+            kernel.append(texts[1])
+            legacy_kernel.append(texts[2])
+        self.last_kernel.blocks = kernel
+        self.last_kernel.block_rows = partial(_all_kernel_rows, containers, now, False)
+        if self.legacy:
+            self.legacy_last_kernel.blocks = legacy_kernel
+            self.legacy_last_kernel.block_rows = partial(_all_kernel_rows, containers, now, True)
+
+    def _block_rows(self, containers: Sequence[_ContainerRows], index: int) -> Iterator[_AnyRow]:
+        """The rows of family ``_cached[index]`` (built again: only samples need them)."""
+        for container in containers:
+            rows, _ = self._container_rows(container.owner, container.snapshot, container.insight)
+            yield from rows[index]
+
+
+_Row = tuple[tuple[str, ...], str, int]
+_AnyRow = tuple[tuple[str, ...], str, Any]
+#: Label values, new-style rendering, legacy rendering.
+_KernelLabels = tuple[tuple[str, ...], str, str]
+
+
+def _kernel_rows(container: _ContainerRows, now: int, legacy: bool) -> list[_Row]:
+    """A container's ``last_kernel_elapsed`` rows at ``now``, with new-style or legacy
+    labels."""
+    if container.last <= 0:
+        return []
+    elapsed = max(now - container.last, 0)
+    return [
+        (values, old if legacy else new, elapsed) for values, new, old in container.kernel_labels
+    ]
+
+
+def _all_kernel_rows(
+    containers: Sequence[_ContainerRows], now: int, legacy: bool
+) -> Iterator[_Row]:
+    for container in containers:
+        yield from _kernel_rows(container, now, legacy)
+
+
+class _ContainerRows:
+    """One container's rendered rows, reused by later scrapes while its snapshot, insight and
+    owner are the same objects and names (the monitor never changes a snapshot or insight:
+    a changed value comes in a new object)."""
+
+    __slots__ = ("blocks", "insight", "kernel", "kernel_labels", "last", "owner", "snapshot")
+
+    def __init__(
+        self,
+        snapshot: SnapshotView,
+        insight: InsightView | None,
+        owner: tuple[str, str, str],
+        blocks: tuple[bytes, ...],
+        kernel_labels: tuple[_KernelLabels, ...],
+        last: int,
+    ) -> None:
+        self.snapshot = snapshot
+        self.insight = insight
+        self.owner = owner
+        #: The sample lines (UTF-8) per family of ``_Families._cached``.
+        self.blocks = blocks
+        #: Per exported device: label values, new-style and legacy rendering.
+        self.kernel_labels = kernel_labels
+        #: The snapshot's last kernel time (Go's int64).
+        self.last = last
+        #: ``last_kernel_elapsed`` rendered for one ``now``: (now, lines, legacy lines).
+        self.kernel: tuple[int, bytes, bytes] | None = None
+
+    def reusable(
+        self, snapshot: SnapshotView, insight: InsightView | None, owner: tuple[str, str, str]
+    ) -> bool:
+        """Whether these rows are the container's rows for this snapshot, insight, owner."""
+        return self.snapshot is snapshot and self.insight is insight and self.owner == owner
 
 
 def _summed_devices(snapshot: SnapshotView, insight: InsightView | None) -> Sequence[DeviceView]:
@@ -575,6 +748,8 @@ class VGpuCollector(Collector):
         self._warnings = RateLimiter(WARNING_INTERVAL, max_keys=4096)
         self._labels = _LabelCache()
         self._insight_labels = _InsightLabels()
+        # Each exported container's rendered rows as of the latest scrape, by monitor key.
+        self._rendered: dict[Any, _ContainerRows] = {}
         self._errors = dict.fromkeys(COLLECTOR_ERROR_PHASES, 0)
         self._errors_lock = threading.Lock()
         self._states: dict[ExportState, int] = dict.fromkeys(EXPORT_STATES, 0)
@@ -603,7 +778,7 @@ class VGpuCollector(Collector):
         fast = [
             family
             for family in (*families.upstream(), families.blocked, *families.insight_families())
-            if len(family)
+            if family
         ]
         # Like Go's registry, a family without samples is not exposed at all.
         return [
@@ -656,8 +831,9 @@ class VGpuCollector(Collector):
         paused = self._monitor.paused
         states: dict[ExportState, int] = dict.fromkeys(EXPORT_STATES, 0)
         insights: Mapping[Any, InsightView] = {} if self._insights is None else self._insights()
+        previous = self._rendered
+        rendered: dict[Any, _ContainerRows] = {}
         for key, container in list(self._monitor.containers().items()):
-            checkpoint = families.checkpoint()
             try:
                 decision = export_state(
                     container,
@@ -667,12 +843,18 @@ class VGpuCollector(Collector):
                     paused=paused,
                 )
                 states[decision.state] += 1
-                if decision.pod is not None and decision.exported:
-                    self._collect_container(
-                        families, container, decision.pod, now, insights.get(key)
-                    )
+                snapshot = container.snapshot
+                if decision.pod is None or not decision.exported or snapshot is None:
+                    continue
+                pod = decision.pod
+                owner = (pod.namespace, pod.name, container.container_name)
+                insight = insights.get(key)
+                rows = previous.get(key)
+                if rows is None or not rows.reusable(snapshot, insight, owner):
+                    # Built whole before any of it reaches the families: a failure here
+                    # costs this container all its rows and nothing else.
+                    rows = families.render(owner, snapshot, insight)
             except Exception as exc:
-                families.rollback(checkpoint)
                 self._failed(
                     "container",
                     ("container", container.pod_uid, container.container_name),
@@ -682,37 +864,12 @@ class VGpuCollector(Collector):
                     type(exc).__name__,
                     exc,
                 )
-        self._states = states
-
-    def _collect_container(
-        self,
-        families: _Families,
-        container: ContainerView,
-        pod: PodInfo,
-        now: int,
-        insight: InsightView | None = None,
-    ) -> None:
-        snapshot = container.snapshot
-        if snapshot is None:
-            return
-        name = container.container_name
-        owner = (pod.namespace, pod.name, name)
-        owner_labels = families.owner_labels(owner)
-        rendered_owner = owner_labels[0]
-        families.blocked.add(owner, rendered_owner, 1 if snapshot.recent_kernel < 0 else 0)
-        last = _int64(snapshot.last_kernel_time)
-        elapsed = max(now - last, 0) if last > 0 else None
-        devices = _summed_devices(snapshot, insight)
-        exported: list[tuple[tuple[str, ...], int]] = []
-        for device in devices:
-            uuid = device.uuid.label
-            if uuid is None:
                 continue
-            ids = (*owner, str(device.index), uuid)
-            families.add_device(ids, device, elapsed)
-            exported.append((ids, device.index))
-        if insight is not None:
-            families.add_insight(owner, owner_labels, insight, exported)
+            rendered[key] = rows
+        families.attach(list(rendered.values()), now)
+        # Only the containers of this scrape are kept (two scrapes at once: the last one's).
+        self._rendered = rendered
+        self._states = states
 
     def _allocations(self, pod: PodInfo) -> tuple[MigAllocation, ...] | None:
         raw = pod.annotations.get(MIG_ALLOCATIONS_ANNOTATION, "")

@@ -7,12 +7,35 @@ uses :meth:`FastGauge.exposition` for the text format.  See docs/metrics.md.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain
+from typing import TypeVar
 
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
 
-__all__ = ["FastCounter", "FastGauge", "escape_label_value", "render_labels"]
+__all__ = [
+    "CounterRow",
+    "FastCounter",
+    "FastGauge",
+    "GaugeRow",
+    "escape_label_value",
+    "render_labels",
+]
+
+_V = TypeVar("_V", int, float)
+#: One sample: label values, their rendering (:func:`render_labels`), value.
+GaugeRow = tuple[tuple[str, ...], str, int]
+CounterRow = tuple[tuple[str, ...], str, float]
+#: The rows of a family's blocks, built again on demand (see ``FastGauge.blocks``).
+BlockRows = Callable[[], Iterable[tuple[tuple[str, ...], str, _V]]]
+
+
+def _all_rows(
+    block_rows: BlockRows[_V] | None, rows: list[tuple[tuple[str, ...], str, _V]]
+) -> Iterator[tuple[tuple[str, ...], str, _V]]:
+    """The rows in exposition order: the blocks' rows, then those added one by one."""
+    return chain(() if block_rows is None else block_rows(), rows)
 
 
 def escape_label_value(value: str) -> str:
@@ -48,19 +71,29 @@ class FastGauge(Metric):
     else that reads :attr:`samples` (``generate_latest``, ``get_sample_value``, ``name[]``
     filtering) gets ordinary :class:`~prometheus_client.samples.Sample` values, built on
     demand.
+
+    A collector may also hand over lines it rendered earlier (:attr:`blocks`, UTF-8, with
+    :attr:`block_rows` giving their rows again for :attr:`samples`): the vGPU collector keeps
+    each container's lines across scrapes while the container's snapshot is the same.
     """
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
-        self._rows: list[tuple[tuple[str, ...], str, int]] = []
+        self._rows: list[GaugeRow] = []
+        #: Sample lines rendered earlier (:meth:`render_rows`, UTF-8; a collector keeps them
+        #: across scrapes while their rows stay the same), before the rows of :meth:`add`;
+        #: ``block_rows`` gives their rows again (for :attr:`samples`).
+        self.blocks: list[bytes] = []
+        self.block_rows: BlockRows[int] | None = None
         super().__init__(name, documentation, "gauge")
         self.labelnames = tuple(labelnames)
 
     @property
     def samples(self) -> list[Sample]:
         """The samples as prometheus-client values (built on each access)."""
+        names = self.labelnames
         return [
-            Sample(self.name, dict(zip(self.labelnames, values, strict=True)), float(value))
-            for values, _, value in self._rows
+            Sample(self.name, dict(zip(names, values, strict=True)), float(value))
+            for values, _, value in _all_rows(self.block_rows, self._rows)
         ]
 
     @samples.setter
@@ -70,23 +103,36 @@ class FastGauge(Metric):
             raise TypeError("add samples to a FastGauge with add()")
 
     def __len__(self) -> int:
-        return len(self._rows)
+        blocks = 0 if self.block_rows is None else sum(1 for _ in self.block_rows())
+        return len(self._rows) + blocks
+
+    def __bool__(self) -> bool:
+        return bool(self._rows) or any(self.blocks)
 
     def truncate(self, length: int) -> None:
-        """Drop the samples added after the first ``length`` (a failed container's rows)."""
+        """Drop the samples :meth:`add` added after the first ``length`` of them."""
         del self._rows[length:]
 
     def add(self, values: tuple[str, ...], rendered: str, value: int) -> None:
         """Add a sample: label values, their rendering from :func:`_render_labels`, value."""
         self._rows.append((values, rendered, value))
 
+    def render_rows(self, rows: Iterable[GaugeRow]) -> str:
+        """The sample lines of ``rows`` (what :meth:`exposition` writes for them)."""
+        name = self.name
+        return "".join([f"{name}{rendered} {value}\n" for _, rendered, value in rows])
+
     def exposition(self, openmetrics: bool = False) -> str:
         """``# HELP``, ``# TYPE`` and one line per sample (the same lines in text 0.0.4 and
         OpenMetrics, so ``openmetrics`` changes nothing)."""
+        return self.encoded(openmetrics).decode("utf-8")
+
+    def encoded(self, openmetrics: bool = False) -> bytes:
+        """:meth:`exposition` as UTF-8 (the kept blocks are joined as they are)."""
         name = self.name
         help_text = self.documentation.replace("\\", "\\\\").replace("\n", "\\n")
         head = f"# HELP {name} {help_text}\n# TYPE {name} gauge\n"
-        return head + "".join(f"{name}{rendered} {value}\n" for _, rendered, value in self._rows)
+        return b"".join([head.encode(), *self.blocks, self.render_rows(self._rows).encode()])
 
 
 class FastCounter(Metric):
@@ -99,18 +145,22 @@ class FastCounter(Metric):
     """
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
-        self._rows: list[tuple[tuple[str, ...], str, float]] = []
+        self._rows: list[CounterRow] = []
+        #: Sample lines rendered earlier (:meth:`render_rows`, UTF-8; a collector keeps them
+        #: across scrapes while their rows stay the same), before the rows of :meth:`add`;
+        #: ``block_rows`` gives their rows again (for :attr:`samples`).
+        self.blocks: list[bytes] = []
+        self.block_rows: BlockRows[float] | None = None
         super().__init__(name, documentation, "counter")
         self.labelnames = tuple(labelnames)
 
     @property
     def samples(self) -> list[Sample]:
         """The samples as prometheus-client values (built on each access)."""
+        sample, names = f"{self.name}_total", self.labelnames
         return [
-            Sample(
-                f"{self.name}_total", dict(zip(self.labelnames, values, strict=True)), float(value)
-            )
-            for values, _, value in self._rows
+            Sample(sample, dict(zip(names, values, strict=True)), float(value))
+            for values, _, value in _all_rows(self.block_rows, self._rows)
         ]
 
     @samples.setter
@@ -119,10 +169,14 @@ class FastCounter(Metric):
             raise TypeError("add samples to a FastCounter with add()")
 
     def __len__(self) -> int:
-        return len(self._rows)
+        blocks = 0 if self.block_rows is None else sum(1 for _ in self.block_rows())
+        return len(self._rows) + blocks
+
+    def __bool__(self) -> bool:
+        return bool(self._rows) or any(self.blocks)
 
     def truncate(self, length: int) -> None:
-        """Drop the samples added after the first ``length``."""
+        """Drop the samples :meth:`add` added after the first ``length`` of them."""
         del self._rows[length:]
 
     def add(self, values: tuple[str, ...], rendered: str, value: float) -> None:
@@ -130,12 +184,19 @@ class FastCounter(Metric):
         never negative)."""
         self._rows.append((values, rendered, value))
 
+    def render_rows(self, rows: Iterable[CounterRow]) -> str:
+        """The sample lines of ``rows`` (what :meth:`exposition` writes for them)."""
+        sample = f"{self.name}_total"
+        return "".join([f"{sample}{rendered} {value!r}\n" for _, rendered, value in rows])
+
     def exposition(self, openmetrics: bool = False) -> str:
         """``# HELP``, ``# TYPE`` and one ``name_total`` line per sample."""
+        return self.encoded(openmetrics).decode("utf-8")
+
+    def encoded(self, openmetrics: bool = False) -> bytes:
+        """:meth:`exposition` as UTF-8 (the kept blocks are joined as they are)."""
         sample = f"{self.name}_total"
         head_name = self.name if openmetrics else sample
         help_text = self.documentation.replace("\\", "\\\\").replace("\n", "\\n")
         head = f"# HELP {head_name} {help_text}\n# TYPE {head_name} counter\n"
-        return head + "".join(
-            f"{sample}{rendered} {value!r}\n" for _, rendered, value in self._rows
-        )
+        return b"".join([head.encode(), *self.blocks, self.render_rows(self._rows).encode()])

@@ -77,7 +77,7 @@ RouteAnswer = tuple[int, bytes, bytes]
 Route = Callable[[Mapping[str, list[str]]], RouteAnswer]
 
 _TEXT: Final = b"text/plain; charset=utf-8"
-_EOF: Final = "# EOF\n"
+_EOF: Final = b"# EOF\n"
 
 #: Connections served at once; one more closes the oldest (see :class:`HttpLimits`).
 DEFAULT_MAX_CONNECTIONS: Final = 64
@@ -191,8 +191,8 @@ class SelfRendering(Protocol):
     their ``# HELP``/``# TYPE`` lines differently in OpenMetrics, hence ``openmetrics``.
     """
 
-    def exposition(self, openmetrics: bool = False) -> str:
-        """The family's lines in the chosen format, each ending in a newline."""
+    def encoded(self, openmetrics: bool = False) -> bytes:
+        """The family's lines in the chosen format, each ending in a newline, as UTF-8."""
         ...
 
 
@@ -221,19 +221,19 @@ def render_metrics(registry: CollectorRegistry, accept: str, names: list[str]) -
     if names:
         return encoder(registry.restricted_registry(names)), content_type
     openmetrics = content_type.startswith("application/openmetrics-text")
-    parts: list[str] = []
+    parts: list[bytes] = []
     for family in registry.collect():
-        exposition = getattr(family, "exposition", None)
-        if exposition is not None:
-            parts.append(cast(SelfRendering, family).exposition(openmetrics))
+        if getattr(family, "encoded", None) is not None:
+            parts.append(cast(SelfRendering, family).encoded(openmetrics))
             continue
-        text = encoder(cast(Collector, _OneFamily(family))).decode("utf-8")
+        text = encoder(cast(Collector, _OneFamily(family)))
         if openmetrics and text.endswith(_EOF):
             text = text[: -len(_EOF)]
         parts.append(text)
     if openmetrics:
         parts.append(_EOF)
-    return "".join(parts).encode("utf-8"), content_type
+    # Bytes all the way: the kept per-container lines are UTF-8 already.
+    return b"".join(parts), content_type
 
 
 def _render(

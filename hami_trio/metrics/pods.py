@@ -146,14 +146,14 @@ class _Family(FastGauge):
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
         super().__init__(name, documentation, labelnames)
-        self._text: str | None = None
+        self._encoded: bytes | None = None
 
-    def exposition(self, openmetrics: bool = False) -> str:
+    def encoded(self, openmetrics: bool = False) -> bytes:
         # A gauge's lines are the same in both formats, so one cached text serves both.
-        text = self._text
-        if text is None:
-            text = self._text = super().exposition(openmetrics)
-        return text
+        encoded = self._encoded
+        if encoded is None:
+            encoded = self._encoded = super().encoded(openmetrics)
+        return encoded
 
 
 @dataclass(frozen=True, slots=True)

@@ -722,3 +722,127 @@ def test_no_tenant_data_fails_a_scrape(tenants: list[tuple[str, str, str]]) -> N
         per_pod[key] = per_pod.get(key, 0) + 1
         assert all(len(value) <= 256 for value in labels.values())
     assert all(count <= 128 for count in per_pod.values())
+
+
+# Rendered lines kept across scrapes ----------------------------------------------------------
+
+
+class RenamingPods(Pods):
+    """Pods whose objects the test replaces between scrapes (a pod renamed under its UID)."""
+
+    def rename(self, pod: PodInfo) -> None:
+        self._all = {**self._all, pod.uid: pod}
+
+    def lookup(self, uid: str) -> PodInfo | None:
+        return self._all.get(uid)
+
+
+def test_kept_lines_follow_the_pod_names_for_the_same_snapshot() -> None:
+    # The very same container and snapshot objects: only the pod's names change.
+    monitor = FakeMonitor([FakeContainer("uid-1", "worker")])
+    source = RenamingPods([hami_pod()])
+    mig = VGpuCollector(monitor, source, node_name="node-a", wall_clock=lambda: NOW)
+    registry = CollectorRegistry()
+    registry.register(mig)
+
+    def pods_of(name: str) -> list[str]:
+        text = render_metrics(registry, "", [])[0].decode()
+        return [labels["pod"] for labels, _ in samples(text, name)]
+
+    assert pods_of("hami_vgpu_memory_used_bytes") == ["trainer-0"]
+    source.rename(hami_pod(name="trainer-renamed"))
+    for name in ("hami_vgpu_memory_used_bytes", "hami_trio_container_blocked"):
+        assert pods_of(name) == ["trainer-renamed"], name
+
+
+def test_samples_of_kept_lines_equal_the_text() -> None:
+    # The samples path (name[] filtering, generate_latest) builds the rows again from the
+    # kept objects: it must give exactly what the text says, on the second scrape too.
+    snap = FakeSnapshot(
+        devices=(FakeDevice(0), FakeDevice(1, memory_total=123, sm_util=7)),
+        recent_kernel=-1,
+        last_kernel_time=NOW - 9,
+    )
+    monitor = FakeMonitor([FakeContainer("uid-1", "worker", snap)])
+    mig = collector(monitor, [hami_pod()], legacy=True)
+    registry = CollectorRegistry()
+    registry.register(mig)
+
+    def parsed(text: str) -> set[tuple[str, frozenset[tuple[str, str]], float]]:
+        return {
+            (s.name, frozenset(s.labels.items()), s.value)
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    for _ in range(2):
+        fast = parsed(render_metrics(registry, "", [])[0].decode())
+        assert parsed(generate_latest(registry).decode()) == fast
+        assert (
+            "hami_trio_container_blocked",
+            frozenset({"namespace": "team-a", "pod": "trainer-0", "container": "worker"}.items()),
+            1.0,
+        ) in fast
+        assert {v for n, _, v in fast if n == "Device_last_kernel_of_container"} == {9.0}
+
+
+def test_kept_lines_only_for_the_containers_of_the_latest_scrape() -> None:
+    containers = [FakeContainer(f"uid-{i}", "worker") for i in range(5)]
+    monitor = FakeMonitor(list(containers))
+    pods = [hami_pod(f"uid-{i}", name=f"p-{i}") for i in range(5)]
+    mig = collector(monitor, pods)
+    scrape(mig)
+    assert len(mig._rendered) == 5
+    monitor.items = containers[:1]
+    text = scrape(mig)
+    assert len(mig._rendered) == 1  # bounded by what the monitor holds now
+    assert [labels["pod"] for labels, _ in samples(text, "hami_vgpu_memory_used_bytes")] == ["p-0"]
+
+
+def test_two_scrapes_at_once_give_what_one_gives() -> None:
+    # The HTTP server renders in up to two worker threads: both read and replace the kept
+    # lines (and one container's elapsed-seconds lines) without a lock.
+    import threading
+
+    containers = [
+        FakeContainer(f"uid-{i}", "worker", FakeSnapshot(last_kernel_time=NOW - i))
+        for i in range(50)
+    ]
+    pods = [hami_pod(f"uid-{i}", name=f"p-{i}") for i in range(50)]
+    clock = [float(NOW)]
+    mig = VGpuCollector(
+        FakeMonitor(containers),
+        Pods(pods),
+        node_name="node-a",
+        legacy=True,
+        wall_clock=lambda: clock[0],
+    )
+    registry = CollectorRegistry()
+    registry.register(mig)
+    first = render_metrics(registry, "", [])[0]
+    results: list[bytes] = []
+
+    def scrape_many() -> None:
+        for _ in range(40):
+            results.append(render_metrics(registry, "", [])[0])
+
+    threads = [threading.Thread(target=scrape_many) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 80
+    assert all(result == first for result in results)
+    clock[0] += 3  # one second later (three): every elapsed value moves, in both threads
+    results.clear()
+    threads = [threading.Thread(target=scrape_many) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    later = {
+        labels["podname"]: value
+        for labels, value in samples(results[-1].decode(), "Device_last_kernel_of_container")
+    }
+    assert later == {f"p-{i}": i + 3.0 for i in range(50)}
+    assert len(set(results)) == 1

@@ -41,7 +41,14 @@ from hami_trio.monitor.loop import Monitor, MonitorConfig, serve_monitor
 from hami_trio.pods.access import KubeAccess
 from hami_trio.pods.source import PodSource, StaticPodSource
 from hami_trio.pods.watch import KubernetesPodSource, serve_pod_watch
-from hami_trio.testing.regions import MemoryUse, ProcSlot, RegionSpec, UtilUse, write_region
+from hami_trio.testing.regions import (
+    MemoryUse,
+    ProcSlot,
+    RegionSpec,
+    SimulatedWorkload,
+    UtilUse,
+    write_region,
+)
 from tests.metrics.fake_nvml import FakeGpu, FakeNvml
 from tests.metrics.promtool import lint, require_promtool
 from tests.pods.fake_kube import FakeKubeApi
@@ -463,6 +470,95 @@ async def test_blocking_counters_and_feedback_state_over_http(
         ("pod-lo", "0"): 0,
         ("pod-lo", "1"): 0,
     }
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["new-names", "legacy"])
+async def test_a_changed_value_is_never_served_from_the_kept_render(
+    nursery: trio.Nursery, hook: Path, legacy: bool
+) -> None:
+    """The collector keeps each container's rendered lines while the monitor hands it the same
+    snapshot: a slot whose memory changed, a scrape a second later and a renamed pod must
+    each show up in the next scrape, in both text formats, and nothing else may change."""
+    spec_a, spec_b = fixture_spec(), fixture_spec(priority=2)
+    add_container(hook, "pod-a", "main", spec_a)
+    add_container(hook, "pod-b", "main", spec_b)
+    clock = [float(NOW)]
+    source = StaticPodSource()
+    registry = CollectorRegistry()
+    monitor = Monitor(
+        MonitorConfig(hook_path=hook, mig_lock_path=hook.parent / "mig" / "lock"),
+        pod_source=source,
+        registry=registry,
+    )
+    registry.register(
+        VGpuCollector(
+            monitor,
+            source,
+            node_name="n",
+            kubernetes=False,
+            legacy=legacy,
+            insights=monitor.insights,
+            wall_clock=lambda: clock[0],
+        )
+    )
+    bound: BindAddress = await nursery.start(
+        partial(serve_http, BindAddress("127.0.0.1", 0), registry)
+    )
+
+    def expected(
+        spec_a: RegionSpec, elapsed: int = 42
+    ) -> set[tuple[str, frozenset[tuple[str, str]], float]]:
+        rows = container_series("", "pod-a", "main", spec_a, legacy=legacy)
+        rows |= container_series("", "pod-b", "main", spec_b, legacy=legacy)
+        kernel = {"hami_container_last_kernel_elapsed_seconds", "Device_last_kernel_of_container"}
+        return {(n, labels, float(elapsed) if n in kernel else v) for n, labels, v in rows}
+
+    async def scrape() -> set[tuple[str, frozenset[tuple[str, str]], float]]:
+        status, text = await get(bound.port)
+        assert status == 200
+        om_text = await trio.to_thread.run_sync(_get_openmetrics, bound.port)
+        om = {
+            (s.name, frozenset(s.labels.items()), s.value)
+            for family in parse_openmetrics(om_text)
+            for s in family.samples
+        }
+        got = {s for s in series(text) if CONTAINER_FAMILIES.match(s[0])}
+        # OpenMetrics names counters' samples the same way; its parser gives them as floats.
+        assert {s for s in om if CONTAINER_FAMILIES.match(s[0])} == got
+        return got
+
+    try:
+        await monitor.tick()
+        assert await scrape() == expected(spec_a)
+        assert await scrape() == expected(spec_a)  # served from the kept lines
+        # One slot's memory changes in place (as HAMi-core writes it): a new snapshot.
+        slot = SLOTS[0]
+        changed = ProcSlot(
+            pid=slot.pid,
+            status=slot.status,
+            used=[MemoryUse(100, 20, 300, 0, 1500), slot.used[1]],
+            util=slot.util,
+        )
+        SimulatedWorkload(hook / "containers" / "pod-a_main" / "abc.cache").set_slot(0, changed)
+        await monitor.tick()
+        spec_changed = fixture_spec(procs=(changed, *SLOTS[1:]))
+        assert expected_devices(spec_changed)[0]["total"] == 3500  # the change is what we think
+        assert await scrape() == expected(spec_changed)
+        # Nothing changes in the files, the clock moves on: only the elapsed seconds do.
+        clock[0] += 5
+        assert await scrape() == expected(spec_changed, elapsed=47)
+    finally:
+        monitor.close()
+
+
+def _get_openmetrics(port: int) -> str:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/metrics",
+        headers={"Accept": "application/openmetrics-text;version=1.0.0"},
+    )
+    with urllib.request.urlopen(request, timeout=20) as reply:
+        assert reply.headers["Content-Type"].startswith("application/openmetrics-text")
+        return str(reply.read().decode())
 
 
 _INSIGHT = frozenset(
