@@ -16,7 +16,10 @@ that runs the monitor's tick (refresh + Observe + write back) and reports:
   :class:`RegionDecoder`, change detection = the same bytes decoded again), then the real
   ``lister.update()``, Observe and ``lister.apply()``; ``lister other`` is what update costs
   beyond the steps measured alone (its own bookkeeping);
-- the child's peak RSS (``ru_maxrss``), so each N is measured without the others' garbage.
+- the child's peak RSS (``ru_maxrss``), so each N is measured without the others' garbage:
+  ``peak_rss_mb`` after the ticks and the agent's own renders and HTTP scrapes (before
+  prometheus-client's reference ``generate_latest``), ``peak_rss_with_pods_mb`` after the
+  pod collector's measurement too.
 
 Two workloads: ``static`` (files unchanged between ticks: the monitor's change detection
 applies) and ``churn`` (before every tick each container's slot 0 and ``recent_kernel``
@@ -214,7 +217,6 @@ async def scrape_latency(monitor: object) -> Figures:
     figures: Figures = {
         "render_ms": in_process(lambda: render_metrics(registry, "", [])),
         "render_cpu_min_ms": cpu_min(lambda: render_metrics(registry, "", [])),
-        "generate_latest_ms": in_process(lambda: generate_latest(registry)),
     }
     variants = {
         "scrape": {},  # plain Prometheus text, uncompressed
@@ -239,6 +241,11 @@ async def scrape_latency(monitor: object) -> Figures:
             figures[f"{prefix}_p99_ms"] = latencies[round(0.99 * (len(latencies) - 1))] * 1e3
             figures[f"{prefix}_bytes"] = float(size)
         nursery.cancel_scope.cancel()
+    # The agent's own peak: the monitor, its renders and HTTP scrapes. prometheus_client's
+    # reference renderer below (not what the agent serves) builds every sample as an object
+    # and would set the high-water mark by itself.
+    figures["peak_rss_mb"] = _peak_rss_mb()
+    figures["generate_latest_ms"] = in_process(lambda: generate_latest(registry))
     return figures
 
 
@@ -437,6 +444,10 @@ class _GcTime:
         self.full += info.get("generation") == 2
 
 
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1e3
 
@@ -596,9 +607,9 @@ def child(hook: Path, n: int, ticks: int, mode: str, rounds: int) -> Figures:
             "gc_full_collections": float(collections.full),
         }
         for measure in MEASUREMENTS:
-            figures.update(await measure(monitor))
+            figures.update(await measure(monitor))  # scrape_latency: peak_rss_mb
         # before the breakdown, which holds every container's bytes at once
-        figures["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        figures["peak_rss_with_pods_mb"] = _peak_rss_mb()
         figures.update(await render_after_ticks(monitor, change))
         if rounds:
             figures.update(await breakdown(monitor, change, rounds))
