@@ -25,6 +25,7 @@ __all__ = [
     "freeze_startup_objects",
     "leaf_errors",
     "raise_fd_limit",
+    "raise_young_gc_threshold",
     "relay_signals",
     "signal_name",
     "sole_error",
@@ -49,6 +50,25 @@ def freeze_startup_objects() -> None:
     flood: the longest collection pause went from about 27 ms to about 11 ms).
     """
     gc.freeze()
+
+
+#: The youngest generation's collection threshold in the agent (CPython's default is 700).
+YOUNG_GC_THRESHOLD = 10_000
+
+
+def raise_young_gc_threshold() -> None:
+    """Collect the youngest generation every :data:`YOUNG_GC_THRESHOLD` net allocations
+    instead of every 700 (the older generations' thresholds stay as they are).
+
+    A monitor tick at 1,000 busy containers allocates some 50,000 short-lived objects (the
+    slots' tuples, snapshots, writes), almost all freed by their reference counts; at 700 the
+    collector runs about 70 times per tick and promotes what is live at that moment, so the
+    older generations, and the full collections, come round far more often than the garbage
+    needs.  Cycles are still collected, only in larger batches: what that retains is bounded
+    by the threshold (at most 10,000 objects in reference cycles awaiting collection).
+    """
+    young, older, oldest = gc.get_threshold()
+    gc.set_threshold(max(YOUNG_GC_THRESHOLD, young), older, oldest)
 
 
 def raise_fd_limit(needed: int = 0) -> int:
