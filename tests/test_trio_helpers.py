@@ -6,6 +6,7 @@ import gc
 import resource
 import subprocess
 import sys
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -116,14 +117,12 @@ def test_young_gc_threshold_goes_up_and_never_down() -> None:
         class Node:
             other: object = None
 
-        gone = []
-        import weakref
-
+        gone: list[str] = []
         a, b = Node(), Node()
         a.other, b.other = b, a
         weakref.finalize(a, gone.append, "a")
         del a, b
-        junk = [[] for _ in range(4 * YOUNG_GC_THRESHOLD)]
+        junk: list[list[int]] = [[] for _ in range(4 * YOUNG_GC_THRESHOLD)]
         assert gone == ["a"]
         del junk
     finally:

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import tracemalloc
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -394,7 +395,7 @@ def test_the_lister_builds_its_states_as_the_class_does() -> None:
         _new_container_state,
     )
 
-    values = [
+    values: list[Any] = [
         ContainerKey("pod", "main"),
         "/hook/containers/pod_main",
         "x.cache",
