@@ -18,6 +18,10 @@ that runs the monitor's tick (refresh + Observe + write back) and reports:
   beyond the steps measured alone (its own bookkeeping);
 - the child's peak RSS (``ru_maxrss``), so each N is measured without the others' garbage.
 
+The child sets the garbage collector as ``hami-trio run`` does before ``trio.run`` (the
+start-up objects frozen, the youngest generation's threshold raised), with whichever of those
+functions the measured checkout has.
+
 Two workloads: ``static`` (files unchanged between ticks: the monitor's change detection
 applies) and ``churn`` (before every tick each container's slot 0 and ``recent_kernel``
 change, as they do on a node where every container launches kernels; the change is made
