@@ -21,6 +21,10 @@ that runs the monitor's tick (refresh + Observe + write back) and reports:
   prometheus-client's reference ``generate_latest``), ``peak_rss_with_pods_mb`` after the
   pod collector's measurement too.
 
+The child sets the garbage collector as ``hami-trio run`` does before ``trio.run`` (the
+start-up objects frozen, the youngest generation's threshold raised), with whichever of those
+functions the measured checkout has.
+
 Two workloads: ``static`` (files unchanged between ticks: the monitor's change detection
 applies) and ``churn`` (before every tick each container's slot 0 and ``recent_kernel``
 change, as they do on a node where every container launches kernels; the change is made
@@ -566,6 +570,13 @@ def child(hook: Path, n: int, ticks: int, mode: str, rounds: int) -> Figures:
             for i, work in enumerate(workloads):
                 work.set_slot(0, _slots(i + t + 1)[0])
                 work.launch_kernel(now=1_700_000_000 + t)
+
+    # The process's garbage-collector policy as `hami-trio run` sets it before trio.run, in
+    # whatever form the measured checkout has it.
+    from hami_trio import _trio as trio_helpers
+
+    for policy in ("freeze_startup_objects", "raise_young_gc_threshold"):
+        getattr(trio_helpers, policy, lambda: None)()
 
     async def run() -> Figures:
         monitor = Monitor(config, pod_source=pods)

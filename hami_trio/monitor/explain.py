@@ -41,6 +41,9 @@ logger = logging.getLogger("hami_trio.monitor.loop")
 
 _RECENT_KERNEL = ControlField.RECENT_KERNEL
 
+#: Containers classified between two checkpoints (a few milliseconds of work at most).
+EXPLAIN_BATCH = 256
+
 
 class Explainer:
     """Builds the per-tick insights (see the module docstring).
@@ -86,7 +89,8 @@ class Explainer:
     ) -> Mapping[ContainerKey, ContainerInsight]:
         """One tick: ``snapshots`` as read, ``written`` the writes this tick applied.
 
-        Checkpoints only after re-reads (``--exclude-exited-processes``) worth
+        Checkpoints every :data:`EXPLAIN_BATCH` containers and after re-reads
+        (``--exclude-exited-processes``) worth
         :data:`~hami_trio.monitor.lister.WORK_PER_CHECKPOINT` bytes, like the lister's read;
         the new insights are published at the end, so a cancelled update publishes nothing.
 
@@ -104,8 +108,11 @@ class Explainer:
                 words = controls[write.key] = [None, None]
             words[0 if write.field is _RECENT_KERNEL else 1] = write.value
         classifier, blocks, previous = self.classifier, self._blocks, self._last
+        # The slots' host PIDs as last tick (a churning region rewrites its counters, rarely
+        # its PIDs): the set of PIDs to check is reused.
         unchanged = len(previous) == len(snapshots) and all(
-            (last := previous.get(key)) is not None and last.snapshot is snapshot
+            (last := previous.get(key)) is not None
+            and (last.snapshot is snapshot or last.snapshot.host_pids == snapshot.host_pids)
             for key, snapshot in snapshots.items()
         )
         classifier.begin_tick(
@@ -115,7 +122,12 @@ class Explainer:
         same_dead = classifier.dead is self._last_dead
         blocks.begin(now)
         view: dict[ContainerKey, ContainerInsight] = {}
+        batch = 0
         for key, snapshot in snapshots.items():
+            batch += 1
+            if batch >= EXPLAIN_BATCH:
+                batch = 0
+                await trio.lowlevel.checkpoint()
             recent, switch = snapshot.recent_kernel, snapshot.utilization_switch
             wrote = controls.get(key) if controls else None
             if wrote is not None:
@@ -125,15 +137,19 @@ class Explainer:
                     switch = wrote[1]
             block = blocks.step(key, recent < 0)
             last = previous.get(key)
-            if same_dead and last is not None and last.snapshot is snapshot:
-                processes = last.processes  # same slots, same dead PIDs: same counts
+            if (
+                same_dead
+                and last is not None
+                and (last.snapshot is snapshot or last.snapshot.host_pids == snapshot.host_pids)
+            ):
+                processes = last.processes  # same host PIDs, same dead PIDs: same counts
             else:
                 processes = classifier.classify(snapshot.host_pids)
             devices = None
             if self._exclude:
                 devices = self._devices_without(key, snapshot, processes)
                 if self._reread >= WORK_PER_CHECKPOINT:
-                    self._reread = 0
+                    self._reread = batch = 0
                     await trio.lowlevel.checkpoint()
             if (
                 last is not None

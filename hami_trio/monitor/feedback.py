@@ -12,7 +12,6 @@ the output order is the input order.  No I/O here.  The rules: docs/monitor.md (
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -79,10 +78,8 @@ class Activity:
     __slots__ = ("_best", "_counts")
 
     def __init__(self, counts: Mapping[bytes, Mapping[int, int]]) -> None:
-        self._counts: dict[bytes, Counter[int]] = {
-            key: Counter({p: n for p, n in per.items() if n > 0}) for key, per in counts.items()
-        }
-        self._counts = {key: per for key, per in self._counts.items() if per}
+        kept = {key: {p: n for p, n in per.items() if n > 0} for key, per in counts.items()}
+        self._counts: dict[bytes, dict[int, int]] = {key: per for key, per in kept.items() if per}
         self._best = {key: min(per) for key, per in self._counts.items()}
 
     @property
@@ -100,7 +97,28 @@ class Activity:
         """HAMi's ``CheckPriority``: :meth:`blocks`, or more than one activity at exactly
         ``priority`` on any of ``keys``."""
         keys = [key for key in keys if key in self._counts]
-        return self.blocks(priority, keys) or any(self._counts[key][priority] > 1 for key in keys)
+        counts = self._counts
+        return self.blocks(priority, keys) or any(counts[key].get(priority, 0) > 1 for key in keys)
+
+
+# Writes are built through their slot descriptors (a churning node writes one per container
+# per tick); the same fields, in the same order, as Write(key, field, value).
+_new_write = object.__new__
+_set_key = Write.__dict__["key"].__set__
+_set_field = Write.__dict__["field"].__set__
+_set_value = Write.__dict__["value"].__set__
+
+
+def _write(key: K, field: ControlField, value: int) -> Write[K]:
+    write: Write[K] = _new_write(Write)
+    _set_key(write, key)
+    _set_field(write, field)
+    _set_value(write, value)
+    return write
+
+
+_RECENT_KERNEL = ControlField.RECENT_KERNEL
+_UTILIZATION_SWITCH = ControlField.UTILIZATION_SWITCH
 
 
 def observe(containers: Mapping[K, Observable]) -> tuple[Write[K], ...]:
@@ -113,30 +131,58 @@ def observe(containers: Mapping[K, Observable]) -> tuple[Write[K], ...]:
         The writes, at most two per container (``recent_kernel`` first), only for values that
         change.
     """
-    counts: dict[bytes, Counter[int]] = {}
-    decremented: dict[K, int] = {}
-    for key, c in containers.items():
-        recent = c.recent_kernel
-        if recent > 0:
-            recent -= 1
-            if recent > 0 and c.priority >= 0:
+    # Per UUID only what the decisions need: the most important active priority and whether
+    # more than one (container, slot) pair is active at it.  A container is blocked when a
+    # lower priority than its own is active on one of its UUIDs, and crowded when its own
+    # priority is the most important one there and counted twice (a higher count at its
+    # priority with a lower one active would block it anyway).  No object per container.
+    best: dict[bytes, int] = {}
+    crowded: set[bytes] = set()
+    for c in containers.values():
+        if c.recent_kernel > 1:  # still > 0 after this tick's decrement: active
+            priority = c.priority
+            if priority >= 0:
                 for raw in c.device_keys:
-                    counts.setdefault(raw, Counter())[c.priority] += 1
-        decremented[key] = recent
-    activity = Activity(counts)
+                    top = best.get(raw)
+                    if top is None or priority < top:
+                        best[raw] = priority
+                        crowded.discard(raw)
+                    elif priority == top:
+                        crowded.add(raw)
 
     writes: list[Write[K]] = []
-    for key, c in containers.items():
+    append = writes.append
+    if not best:
         # Nothing active anywhere (a quiet node): nobody is blocked or crowded.
-        blocked = bool(counts) and activity.blocks(c.priority, c.device_keys)
-        recent = decremented[key]
-        if blocked and recent >= 0:
-            recent = -1
-        elif not blocked and recent < 0:
+        for key, c in containers.items():
+            recent = c.recent_kernel
+            if recent != 0:
+                append(_write(key, _RECENT_KERNEL, recent - 1 if recent > 0 else 0))
+            if c.utilization_switch != 0:
+                append(_write(key, _UTILIZATION_SWITCH, 0))
+        return tuple(writes)
+    get = best.get
+    for key, c in containers.items():
+        priority = c.priority
+        blocked = crowd = False
+        for raw in c.device_keys:
+            top = get(raw)
+            if top is not None:
+                if top < priority:
+                    blocked = True
+                    break
+                if top == priority and raw in crowded:
+                    crowd = True
+        current = c.recent_kernel
+        recent = current - 1 if current > 0 else current
+        if blocked:
+            if recent >= 0:
+                recent = -1
+        elif recent < 0:
             recent = 0
-        if recent != c.recent_kernel:
-            writes.append(Write(key, ControlField.RECENT_KERNEL, recent))
-        switch = 1 if blocked or (counts and activity.crowds(c.priority, c.device_keys)) else 0
+        if recent != current:
+            append(_write(key, _RECENT_KERNEL, recent))
+        switch = 1 if blocked or crowd else 0
         if switch != c.utilization_switch:
-            writes.append(Write(key, ControlField.UTILIZATION_SWITCH, switch))
+            append(_write(key, _UTILIZATION_SWITCH, switch))
     return tuple(writes)

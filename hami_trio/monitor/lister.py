@@ -34,7 +34,7 @@ from hami_trio.monitor.feedback import Write
 from hami_trio.monitor.layout import LAYOUTS, MAX_SLOTS, ControlField, RejectReason
 from hami_trio.monitor.region import RegionHandle
 from hami_trio.monitor.remover import Budget, TreeRemover
-from hami_trio.monitor.snapshot import UsageSnapshot
+from hami_trio.monitor.snapshot import UsageSnapshot, _constructor
 from hami_trio.pods.source import PodSource
 
 __all__ = [
@@ -164,6 +164,9 @@ class ContainerState:
     def container_name(self) -> str:
         """The container name from the directory name."""
         return self.key.container_name
+
+
+_new_container_state: Callable[..., ContainerState] = _constructor(ContainerState)
 
 
 class _Tracked:
@@ -507,13 +510,9 @@ class ContainerLister:
             and last.cache_file == tracked.cache_name
         ):
             return last  # nothing changed: keep the same immutable object
-        state = tracked.last_state = ContainerState(
-            key=tracked.key,
-            directory=tracked.directory,
-            cache_file=tracked.cache_name,
-            status=status,
-            snapshot=snapshot,
-            rejection=rejection,
+        # positional, in field order (a busy container gets a new state every tick)
+        state = tracked.last_state = _new_container_state(
+            tracked.key, tracked.directory, tracked.cache_name, status, snapshot, rejection
         )
         return state
 

@@ -116,3 +116,60 @@ async def test_without_a_handle_the_sums_stay_upstreams(tmp_path: Path) -> None:
     insight = (await explainer.update(0.0, {KEY: snapshot}))[KEY]
     assert insight.processes.exited == 1
     assert insight.devices is None
+
+
+async def test_a_new_snapshot_with_the_same_host_pids_keeps_the_counts(tmp_path: Path) -> None:
+    # A churning region: its counters move every tick, its slots' host PIDs do not.
+    handle, path = region(tmp_path, slot(1, 4242, 100, 5), slot(2, DEAD, 900, 50))
+    work = SimulatedWorkload(path)
+    try:
+        alive = Alive(4242)
+        explainer = Explainer(alive)
+        first = (await explainer.update(0.0, {KEY: handle.read()}))[KEY]
+        assert (first.processes.running, first.processes.exited) == (1, 1)
+        work.set_slot(0, slot(1, 4242, 300, 7))
+        snapshot = handle.read()
+        assert snapshot is not first.snapshot
+        second = (await explainer.update(1.0, {KEY: snapshot}))[KEY]
+        assert second.snapshot is snapshot
+        assert second.processes is first.processes  # same PIDs, same dead PIDs
+        alive.alive.discard(4242)  # the running one exits: counted anew
+        third = (await explainer.update(2.0, {KEY: snapshot}))[KEY]
+        assert (third.processes.running, third.processes.exited) == (0, 2)
+        work.set_slot(0, slot(1, 5151, 300, 7))  # a new process in the slot
+        fourth = (await explainer.update(3.0, {KEY: handle.read()}))[KEY]
+        assert (fourth.processes.running, fourth.processes.exited) == (0, 2)
+        assert fourth.processes.exited_host_pids == frozenset({5151, DEAD})
+    finally:
+        handle.close()
+
+
+async def test_a_large_node_is_explained_in_batches_between_checkpoints(tmp_path: Path) -> None:
+    import trio
+
+    from hami_trio.monitor.explain import EXPLAIN_BATCH
+
+    handle, _ = region(tmp_path, slot(1, 0, 10, 1))
+    try:
+        snapshot = handle.read()
+        snapshots = {ContainerKey(f"pod-{i}", "main"): snapshot for i in range(3 * EXPLAIN_BATCH)}
+        explainer = Explainer(None)
+        ran: list[int] = []
+
+        async def other() -> None:
+            while True:
+                ran.append(len(explainer.insights()))
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other)
+            await trio.lowlevel.checkpoint()
+            before = len(ran)
+            view = await explainer.update(0.0, snapshots)
+            nursery.cancel_scope.cancel()
+        assert len(view) == 3 * EXPLAIN_BATCH
+        # the other task ran at least once per batch, and saw nothing half-published
+        assert len(ran) - before >= 3
+        assert set(ran) == {0}
+    finally:
+        handle.close()

@@ -314,3 +314,71 @@ def test_writes_only_changes_and_at_most_two_per_container(
         assert write.value != current
         assert write.field is RK or write.value in (0, 1)
     assert len(writes) == len({(w.key, w.field) for w in writes})
+
+
+def counting_reference(containers: Mapping[str, Observed]) -> tuple[Write[str], ...]:
+    """Observe written the straightforward way: a count per (UUID, priority), then
+    CheckBlocking / CheckPriority over every UUID of every container (the shape ``observe``
+    had before it kept only the most important priority per UUID)."""
+    counts: dict[bytes, dict[int, int]] = {}
+    decremented: dict[str, int] = {}
+    for key, c in containers.items():
+        recent = c.recent_kernel
+        if recent > 0:
+            recent -= 1
+            if recent > 0 and c.priority >= 0:
+                for raw in c.device_keys:
+                    per = counts.setdefault(raw, {})
+                    per[c.priority] = per.get(c.priority, 0) + 1
+        decremented[key] = recent
+
+    def blocks(priority: int, keys: Sequence[bytes]) -> bool:
+        return any(p < priority for raw in keys for p in counts.get(raw, {}))
+
+    def crowds(priority: int, keys: Sequence[bytes]) -> bool:
+        return blocks(priority, keys) or any(
+            counts.get(raw, {}).get(priority, 0) > 1 for raw in keys
+        )
+
+    writes: list[Write[str]] = []
+    for key, c in containers.items():
+        blocked = blocks(c.priority, c.device_keys)
+        recent = decremented[key]
+        if blocked and recent >= 0:
+            recent = -1
+        elif not blocked and recent < 0:
+            recent = 0
+        if recent != c.recent_kernel:
+            writes.append(Write(key, RK, recent))
+        switch = 1 if crowds(c.priority, c.device_keys) else 0
+        if switch != c.utilization_switch:
+            writes.append(Write(key, SW, switch))
+    return tuple(writes)
+
+
+@given(st_feedback.observed_maps(max_size=24))
+def test_same_writes_as_the_counting_reference(containers: dict[str, Observed]) -> None:
+    # every priority (no filter), bigger nodes than the upstream port can take
+    writes = observe(containers)
+    assert writes == counting_reference(containers)
+    assert all(type(w) is Write and w == Write(w.key, w.field, w.value) for w in writes)
+
+
+@given(st_feedback.observed_maps(max_size=24))
+def test_activity_agrees_with_the_counting_reference(containers: dict[str, Observed]) -> None:
+    counts: dict[bytes, dict[int, int]] = {}
+    for c in containers.values():
+        if c.recent_kernel > 1 and c.priority >= 0:
+            for raw in c.device_keys:
+                per = counts.setdefault(raw, {})
+                per[c.priority] = per.get(c.priority, 0) + 1
+    activity = Activity(counts)
+    assert activity.counts == counts
+    for c in containers.values():
+        assert activity.blocks(c.priority, c.device_keys) is any(
+            p < c.priority for raw in c.device_keys for p in counts.get(raw, {})
+        )
+        assert activity.crowds(c.priority, c.device_keys) is (
+            activity.blocks(c.priority, c.device_keys)
+            or any(counts.get(raw, {}).get(c.priority, 0) > 1 for raw in c.device_keys)
+        )

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import tracemalloc
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -384,3 +385,28 @@ def test_sum_rows_without_equals_the_sums_of_the_other_slots(
     assert totals.host_pids == tuple(p.hostpid for p in kept)
     if not exclude:
         assert totals == sum_rows(rows, static)
+
+
+def test_the_lister_builds_its_states_as_the_class_does() -> None:
+    from hami_trio.monitor.lister import (
+        ContainerKey,
+        ContainerState,
+        ContainerStatus,
+        _new_container_state,
+    )
+
+    values: list[Any] = [
+        ContainerKey("pod", "main"),
+        "/hook/containers/pod_main",
+        "x.cache",
+        ContainerStatus.LOADED,
+        parse_region(region()),
+        None,
+    ]
+    made = _new_container_state(*values)
+    assert type(made) is ContainerState
+    assert made == ContainerState(*values)
+    assert hash(made) == hash(ContainerState(*values))
+    assert [getattr(made, f.name) for f in dataclasses.fields(ContainerState)] == values
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.status = ContainerStatus.REJECTED  # type: ignore[misc]
