@@ -487,112 +487,9 @@ class _Families:
         snapshot: SnapshotView,
         insight: InsightView | None,
     ) -> tuple[list[Sequence[_AnyRow]], tuple[_KernelLabels, ...]]:
-        """One container's rows per family of ``_cached``, and per exported device the labels
-        of ``last_kernel_elapsed`` (whose value depends on the time of the scrape)."""
-        labels = self._labels.get
-        rendered_owner, states = self._insight_labels.owner(owner)
-        legacy = self.legacy
-        used: list[_Row] = []
-        limit: list[_Row] = []
-        memory: list[_Row] = []
-        util: list[_Row] = []
-        context: list[_Row] = []
-        module: list[_Row] = []
-        buffer: list[_Row] = []
-        legacy_used: list[_Row] = []
-        legacy_limit: list[_Row] = []
-        legacy_util: list[_Row] = []
-        legacy_memory: list[_Row] = []
-        kernel: list[_KernelLabels] = []
-        exported: list[tuple[tuple[str, ...], int]] = []
-        for device in _summed_devices(snapshot, insight):
-            uuid = device.uuid.label
-            if uuid is None:
-                continue
-            ids = (*owner, str(device.index), uuid)
-            rendered, rendered_old = labels(ids)
-            values = (*ids, ZONE)
-            total = device.memory_total
-            used.append((values, rendered, total))
-            limit.append((values, rendered, device.memory_limit))
-            memory.append((values, rendered, total))
-            util.append((values, rendered, device.sm_util))
-            context.append((values, rendered, device.context_size))
-            module.append((values, rendered, device.module_size))
-            buffer.append((values, rendered, device.buffer_size))
-            kernel.append((values, rendered, rendered_old))
-            exported.append((ids, device.index))
-            if not legacy:
-                continue
-            legacy_used.append((values, rendered_old, total))
-            legacy_limit.append((values, rendered_old, device.memory_limit))
-            legacy_util.append((values, rendered_old, device.sm_util))
-            # Upstream subtracts in uint64: parts larger than the total wrap around.
-            parts = (
-                str(device.context_size),
-                str(device.module_size),
-                str(device.buffer_size),
-                str(
-                    (total - device.context_size - device.module_size - device.buffer_size)
-                    & _MASK64
-                ),
-            )
-            memory_rendered = (
-                rendered_old[: -len(_ZONE_SUFFIX)]
-                + ',context="{}",module="{}",data="{}",offset="{}"'.format(*parts)
-                + _ZONE_SUFFIX
-            )
-            legacy_memory.append(((*ids, *parts, ZONE), memory_rendered, total))
-        blocked: list[_Row] = [(owner, rendered_owner, 1 if snapshot.recent_kernel < 0 else 0)]
-        processes: list[_Row] = []
-        device_processes: list[_Row] = []
-        core_limit: list[_Row] = []
-        priority: list[_Row] = []
-        switch: list[_Row] = []
-        seconds: list[tuple[tuple[str, ...], str, float]] = []
-        blocks: list[tuple[tuple[str, ...], str, float]] = []
-        if insight is not None:
-            (run_ids, run), (exit_ids, exit_), (unk_ids, unk) = states
-            counts = insight.processes
-            processes += [
-                (run_ids, run, counts.running),
-                (exit_ids, exit_, counts.exited),
-                (unk_ids, unk, counts.unknown),
-            ]
-            priority.append((owner, rendered_owner, insight.priority))
-            switch.append((owner, rendered_owner, insight.utilization_switch))
-            block = insight.block
-            seconds.append((owner, rendered_owner, block.seconds))
-            blocks.append((owner, rendered_owner, block.blocks))
-            if exported:
-                limits, users = insight.core_limits, insight.device_processes
-                device_labels = self._insight_labels.device
-                for device_ids, index in exported:
-                    rendered = device_labels(device_ids)
-                    if index < len(users):
-                        device_processes.append((device_ids, rendered, users[index]))
-                    if index < len(limits):
-                        core_limit.append((device_ids, rendered, limits[index]))
-        rows: list[Sequence[_AnyRow]] = [
-            used,
-            limit,
-            memory,
-            util,
-            context,
-            module,
-            buffer,
-            blocked,
-            processes,
-            device_processes,
-            core_limit,
-            priority,
-            switch,
-            seconds,
-            blocks,
-        ]
-        if legacy:
-            rows += [legacy_used, legacy_limit, legacy_util, legacy_memory]
-        return rows, tuple(kernel)
+        return _container_rows(
+            self._labels, self._insight_labels, self.legacy, owner, snapshot, insight
+        )
 
     def attach(self, containers: Sequence[_ContainerRows], now: int) -> None:
         """Fill the families with the containers' rows (rendered by :meth:`render`, in this
@@ -601,7 +498,11 @@ class _Families:
         columns = zip(*[container.blocks for container in containers], strict=True)
         for index, (family, column) in enumerate(zip(self._cached, columns, strict=False)):
             family.blocks = list(column)
-            family.block_rows = partial(self._block_rows, containers, index)
+            # Not a bound method: the families must not refer back to this object, or every
+            # scrape's families (and the rows they hold) wait for a cyclic collection.
+            family.block_rows = partial(
+                _block_rows, self._labels, self._insight_labels, self.legacy, containers, index
+            )
         kernel, legacy_kernel = [], []
         for container in containers:
             if container.last <= 0 or not container.kernel_labels:
@@ -624,17 +525,143 @@ class _Families:
             self.legacy_last_kernel.blocks = legacy_kernel
             self.legacy_last_kernel.block_rows = partial(_all_kernel_rows, containers, now, True)
 
-    def _block_rows(self, containers: Sequence[_ContainerRows], index: int) -> Iterator[_AnyRow]:
-        """The rows of family ``_cached[index]`` (built again: only samples need them)."""
-        for container in containers:
-            rows, _ = self._container_rows(container.owner, container.snapshot, container.insight)
-            yield from rows[index]
-
 
 _Row = tuple[tuple[str, ...], str, int]
 _AnyRow = tuple[tuple[str, ...], str, Any]
 #: Label values, new-style rendering, legacy rendering.
 _KernelLabels = tuple[tuple[str, ...], str, str]
+
+
+def _container_rows(
+    label_cache: _LabelCache,
+    insight_labels: _InsightLabels,
+    legacy: bool,
+    owner: tuple[str, str, str],
+    snapshot: SnapshotView,
+    insight: InsightView | None,
+) -> tuple[list[Sequence[_AnyRow]], tuple[_KernelLabels, ...]]:
+    """One container's rows per family of ``_cached``, and per exported device the labels
+    of ``last_kernel_elapsed`` (whose value depends on the time of the scrape)."""
+    labels = label_cache.get
+    rendered_owner, states = insight_labels.owner(owner)
+    used: list[_Row] = []
+    limit: list[_Row] = []
+    memory: list[_Row] = []
+    util: list[_Row] = []
+    context: list[_Row] = []
+    module: list[_Row] = []
+    buffer: list[_Row] = []
+    legacy_used: list[_Row] = []
+    legacy_limit: list[_Row] = []
+    legacy_util: list[_Row] = []
+    legacy_memory: list[_Row] = []
+    kernel: list[_KernelLabels] = []
+    exported: list[tuple[tuple[str, ...], int]] = []
+    for device in _summed_devices(snapshot, insight):
+        uuid = device.uuid.label
+        if uuid is None:
+            continue
+        ids = (*owner, str(device.index), uuid)
+        rendered, rendered_old = labels(ids)
+        values = (*ids, ZONE)
+        total = device.memory_total
+        used.append((values, rendered, total))
+        limit.append((values, rendered, device.memory_limit))
+        memory.append((values, rendered, total))
+        util.append((values, rendered, device.sm_util))
+        context.append((values, rendered, device.context_size))
+        module.append((values, rendered, device.module_size))
+        buffer.append((values, rendered, device.buffer_size))
+        kernel.append((values, rendered, rendered_old))
+        exported.append((ids, device.index))
+        if not legacy:
+            continue
+        legacy_used.append((values, rendered_old, total))
+        legacy_limit.append((values, rendered_old, device.memory_limit))
+        legacy_util.append((values, rendered_old, device.sm_util))
+        # Upstream subtracts in uint64: parts larger than the total wrap around.
+        parts = (
+            str(device.context_size),
+            str(device.module_size),
+            str(device.buffer_size),
+            str((total - device.context_size - device.module_size - device.buffer_size) & _MASK64),
+        )
+        memory_rendered = (
+            rendered_old[: -len(_ZONE_SUFFIX)]
+            + ',context="{}",module="{}",data="{}",offset="{}"'.format(*parts)
+            + _ZONE_SUFFIX
+        )
+        legacy_memory.append(((*ids, *parts, ZONE), memory_rendered, total))
+    blocked: list[_Row] = [(owner, rendered_owner, 1 if snapshot.recent_kernel < 0 else 0)]
+    processes: list[_Row] = []
+    device_processes: list[_Row] = []
+    core_limit: list[_Row] = []
+    priority: list[_Row] = []
+    switch: list[_Row] = []
+    seconds: list[tuple[tuple[str, ...], str, float]] = []
+    blocks: list[tuple[tuple[str, ...], str, float]] = []
+    if insight is not None:
+        (run_ids, run), (exit_ids, exit_), (unk_ids, unk) = states
+        counts = insight.processes
+        processes += [
+            (run_ids, run, counts.running),
+            (exit_ids, exit_, counts.exited),
+            (unk_ids, unk, counts.unknown),
+        ]
+        priority.append((owner, rendered_owner, insight.priority))
+        switch.append((owner, rendered_owner, insight.utilization_switch))
+        block = insight.block
+        seconds.append((owner, rendered_owner, block.seconds))
+        blocks.append((owner, rendered_owner, block.blocks))
+        if exported:
+            limits, users = insight.core_limits, insight.device_processes
+            device_labels = insight_labels.device
+            for device_ids, index in exported:
+                rendered = device_labels(device_ids)
+                if index < len(users):
+                    device_processes.append((device_ids, rendered, users[index]))
+                if index < len(limits):
+                    core_limit.append((device_ids, rendered, limits[index]))
+    rows: list[Sequence[_AnyRow]] = [
+        used,
+        limit,
+        memory,
+        util,
+        context,
+        module,
+        buffer,
+        blocked,
+        processes,
+        device_processes,
+        core_limit,
+        priority,
+        switch,
+        seconds,
+        blocks,
+    ]
+    if legacy:
+        rows += [legacy_used, legacy_limit, legacy_util, legacy_memory]
+    return rows, tuple(kernel)
+
+
+def _block_rows(
+    label_cache: _LabelCache,
+    insight_labels: _InsightLabels,
+    legacy: bool,
+    containers: Sequence[_ContainerRows],
+    index: int,
+) -> Iterator[_AnyRow]:
+    """The rows of family ``_cached[index]`` (built again: only samples need them)."""
+    for container in containers:
+        rows, _ = _container_rows(
+            label_cache,
+            insight_labels,
+            legacy,
+            container.owner,
+            container.snapshot,
+            container.insight,
+        )
+        yield from rows[index]
 
 
 def _kernel_rows(container: _ContainerRows, now: int, legacy: bool) -> list[_Row]:
