@@ -168,8 +168,10 @@ async def test_a_large_node_is_explained_in_batches_between_checkpoints(tmp_path
             view = await explainer.update(0.0, snapshots)
             nursery.cancel_scope.cancel()
         assert len(view) == 3 * EXPLAIN_BATCH
-        # the other task ran at least once per batch, and saw nothing half-published
-        assert len(ran) - before >= 3
+        # Three checkpoints, four stretches: trio runs the other task once in each scheduling
+        # batch, before or after the explainer's stretch (its order is random), so at least
+        # twice while the update runs - and it saw nothing half-published.
+        assert len(ran) - before >= 2
         assert set(ran) == {0}
     finally:
         handle.close()
