@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from prometheus_client.core import Metric
 from prometheus_client.samples import Sample
@@ -59,7 +59,27 @@ def render_labels(names: Sequence[str], values: Sequence[str]) -> str:
     return text
 
 
-class FastGauge(Metric):
+class _KeptRows:
+    """What :class:`FastGauge` and :class:`FastCounter` share: rows added one by one and
+    lines kept from earlier scrapes (``blocks``, their rows again from ``block_rows``)."""
+
+    _rows: list[Any]
+    blocks: list[bytes]
+    block_rows: Callable[[], Iterable[Any]] | None
+
+    def __len__(self) -> int:
+        blocks = 0 if self.block_rows is None else sum(1 for _ in self.block_rows())
+        return len(self._rows) + blocks
+
+    def __bool__(self) -> bool:
+        return bool(self._rows) or any(self.blocks)
+
+    def truncate(self, length: int) -> None:
+        """Drop the samples :meth:`add` added after the first ``length`` of them."""
+        del self._rows[length:]
+
+
+class FastGauge(_KeptRows, Metric):
     """A gauge family that renders its own exposition text.
 
     Rendering a sample through prometheus-client costs about 10 us (a labels dict, sorting,
@@ -102,17 +122,6 @@ class FastGauge(Metric):
         if value:
             raise TypeError("add samples to a FastGauge with add()")
 
-    def __len__(self) -> int:
-        blocks = 0 if self.block_rows is None else sum(1 for _ in self.block_rows())
-        return len(self._rows) + blocks
-
-    def __bool__(self) -> bool:
-        return bool(self._rows) or any(self.blocks)
-
-    def truncate(self, length: int) -> None:
-        """Drop the samples :meth:`add` added after the first ``length`` of them."""
-        del self._rows[length:]
-
     def add(self, values: tuple[str, ...], rendered: str, value: int) -> None:
         """Add a sample: label values, their rendering from :func:`_render_labels`, value."""
         self._rows.append((values, rendered, value))
@@ -135,7 +144,7 @@ class FastGauge(Metric):
         return b"".join([head.encode(), *self.blocks, self.render_rows(self._rows).encode()])
 
 
-class FastCounter(Metric):
+class FastCounter(_KeptRows, Metric):
     """A counter family rendered like :class:`FastGauge` (int or float values, no
     ``_created``).
 
@@ -167,17 +176,6 @@ class FastCounter(Metric):
     def samples(self, value: list[Sample]) -> None:
         if value:
             raise TypeError("add samples to a FastCounter with add()")
-
-    def __len__(self) -> int:
-        blocks = 0 if self.block_rows is None else sum(1 for _ in self.block_rows())
-        return len(self._rows) + blocks
-
-    def __bool__(self) -> bool:
-        return bool(self._rows) or any(self.blocks)
-
-    def truncate(self, length: int) -> None:
-        """Drop the samples :meth:`add` added after the first ``length`` of them."""
-        del self._rows[length:]
 
     def add(self, values: tuple[str, ...], rendered: str, value: float) -> None:
         """Add a sample: label values, their rendering, value (an int or a finite float,
