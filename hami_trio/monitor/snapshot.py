@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import itertools
 import operator
 import struct
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from typing import Any
 from hami_trio.monitor.layout import (
     HEADER,
     HEADER_SIZE,
+    LAYOUTS,
     MAX_DEVICES,
     USED_FIELDS,
     UTIL_FIELDS,
@@ -36,7 +38,6 @@ from hami_trio.monitor.layout import (
 )
 
 __all__ = [
-    "KEEP_ROWS_SLOTS",
     "DeviceUUID",
     "DeviceUsage",
     "RegionDecoder",
@@ -458,14 +459,6 @@ def _new_snapshot(
     )
 
 
-#: The parsed slot fields are kept for change detection only for regions with at most this
-#: many live slots.  A region with hundreds (a tenant's ``proc_num`` 1024 on 16 devices:
-#: ~100,000 Python ints, ~1.6 MB) is re-summed every decode instead: its owner can force that
-#: anyway by changing a slot, and keeping the rows would cost the agent memory (64 such
-#: regions: +105 MB RSS) and make every full garbage collection walk them (+5-10 ms per
-#: collection, a stall of the whole event loop).
-KEEP_ROWS_SLOTS = 64
-
 # What the live slots add up to: per-device sums (context, module, data, offset, total per
 # device, then sm_util per device, as in slot_struct), live slots, pids, host pids, and per
 # device the live slots using it.
@@ -499,6 +492,65 @@ def _sum_fields(rows: list[tuple[int, ...]], device_count: int) -> _Totals:
     return sums, live, columns[0], columns[1], busy
 
 
+#: The slots of a region are unpacked with one ``struct`` call when they hold at most this
+#: many fields in all (8 slots on 2 devices: 120); more go through ``iter_unpack`` and a
+#: transposition.  Bounds what one cached ``struct`` costs (about 32 bytes a field).
+FLAT_FIELDS = 512
+#: How many of those ``struct`` s are kept (least recently used first out): a tenant
+#: cycling ``proc_num`` and ``num`` through every value costs a rebuild, not memory.
+FLAT_STRUCTS = 64
+
+
+@functools.lru_cache(maxsize=FLAT_STRUCTS)
+def _flat_struct(fmt: Format, device_count: int, slots: int) -> struct.Struct:
+    """One ``struct`` over ``slots`` consecutive slots: :func:`slot_struct`'s fields, slot
+    after slot, so one ``unpack_from`` gives them all."""
+    one = slot_struct(LAYOUTS[fmt], device_count).format.lstrip("<")
+    return struct.Struct("<" + one * slots)
+
+
+def _slot_fields(
+    layout: Layout, head: bytes | bytearray | memoryview, slots: int, device_count: int
+) -> tuple[int, ...]:
+    """:func:`slot_struct`'s fields of slots ``[0, slots)`` of ``head``, slot after slot, in
+    one flat tuple: one ``struct`` call for a few slots (the usual case), ``iter_unpack``
+    for many."""
+    if slots * (3 + 6 * device_count) <= FLAT_FIELDS:
+        return _flat_struct(layout.format, device_count, slots).unpack_from(head, layout.procs)
+    body = memoryview(head)[layout.procs : layout.body_size(slots)]
+    return tuple(itertools.chain.from_iterable(slot_struct(layout, device_count).iter_unpack(body)))
+
+
+def _flat_totals(flat: tuple[int, ...], device_count: int) -> _Totals:
+    """What the slots of :func:`_slot_fields` add up to (see :func:`_sum_fields`): each
+    column is a slice of the flat tuple, summed in C; no tuple per slot."""
+    fields = 3 + 6 * device_count
+    status = flat[fields - 1 :: fields]
+    if 0 in status:  # exited slots between live ones: leave them out
+        flat = tuple(
+            itertools.chain.from_iterable(
+                [flat[i * fields : (i + 1) * fields] for i, word in enumerate(status) if word]
+            )
+        )
+    live = len(flat) // fields
+    if not live:
+        return (0,) * (6 * device_count), 0, (), (), (0,) * device_count
+    sums = tuple([sum(flat[k::fields]) for k in range(2, fields - 1)])
+    if max(sums, default=0) > _MASK64:
+        sums = tuple([value & _MASK64 for value in sums])
+    sm_base = 2 + 5 * device_count
+    busy = []
+    for d in range(device_count):
+        totals = flat[6 + 5 * d :: fields]
+        busy.append(
+            # a device every live slot has memory on is used by all of them (the usual case)
+            live
+            if 0 not in totals
+            else live - list(map(operator.or_, totals, flat[sm_base + d :: fields])).count(0)
+        )
+    return sums, live, flat[0::fields], flat[1::fields], tuple(busy)
+
+
 def _devices(sums: tuple[int, ...], static: StaticInfo) -> tuple[DeviceUsage, ...]:
     count = static.device_count
     uuids, limits, sm_limits = static.uuids, static.limits, static.sm_limits
@@ -527,13 +579,12 @@ class _Decoded:
     """What the last snapshot was derived from, to tell whether anything changed."""
 
     __slots__ = (
-        "codec",
         "devices",
         "head_size",
         "layout",
         "prefix",
-        "rows",
         "size",
+        "slots_key",
         "snapshot",
         "static",
         "tail",
@@ -551,7 +602,7 @@ class _Decoded:
         head_size: int,
         layout: Layout,
         static: StaticInfo,
-        rows: list[tuple[int, ...]] | None,
+        slots_key: int,
         totals: _Totals,
         devices: tuple[DeviceUsage, ...],
         snapshot: UsageSnapshot,
@@ -563,12 +614,11 @@ class _Decoded:
         self.head_size = head_size
         self.layout = layout
         self.static = static
-        self.rows = rows
+        self.slots_key = slots_key
         self.totals = totals
         self.devices = devices
         self.snapshot = snapshot
         self.version = (snapshot.major, snapshot.minor)
-        self.codec = slot_struct(layout, static.device_count)
 
 
 class RegionDecoder:
@@ -588,12 +638,12 @@ class RegionDecoder:
     afresh.
 
     Change detection is inside: the decoder keeps the header/static prefix of the head
-    (~1.8 KB), the tail and, for at most :data:`KEEP_ROWS_SLOTS` live slots, their used
-    fields as ints - not the whole head.  When size and prefix are unchanged only the slots
-    are unpacked again and compared with the kept ones; equal, nothing is summed again;
-    equal sums keep the device objects.  The snapshot is the same object as last time when
-    no byte it depends on changed, and only the tail is decoded anew when only the tail
-    moved.
+    (~1.8 KB), the tail and what the live slots added up to (sums, PIDs, processes per
+    device) - not the slots or the head.  When size and prefix are unchanged only the slots
+    are unpacked and summed again (for a few slots, one ``struct`` call and a slice per
+    column); equal totals keep the snapshot's slot part, equal sums the device objects.
+    The snapshot is the same object as last time when nothing it holds changed, and only the
+    tail is decoded anew when only the tail moved.
     """
 
     __slots__ = ("_decoded", "_layout", "_pending", "_size", "_tail", "_values", "_want")
@@ -684,12 +734,13 @@ class RegionDecoder:
             # The header and static part are the bytes the kept snapshot came from; head is
             # exactly the live slots long.
             static = decoded.static
-            slots = clamp_proc_num(values[0])
-            rows = list(decoded.codec.iter_unpack(memoryview(head)[layout.procs :]))
+            count = static.device_count
+            flat = _slot_fields(layout, head, clamp_proc_num(values[0]), count)
+            key = hash(flat)
             renew = tail != decoded.tail
-            if rows != decoded.rows:  # (never equal when not kept: KEEP_ROWS_SLOTS)
-                decoded.rows = rows if slots <= KEEP_ROWS_SLOTS else None
-                totals = _sum_fields(rows, static.device_count)
+            if key != decoded.slots_key:
+                decoded.slots_key = key
+                totals = _flat_totals(flat, count)
                 if totals != decoded.totals:
                     if totals[0] != decoded.totals[0]:
                         decoded.devices = _devices(totals[0], static)
@@ -709,8 +760,8 @@ class RegionDecoder:
         static = parse_static(layout, head)
         if decoded is not None and decoded.static == static:
             static = decoded.static  # keep the objects (and identities) the view already has
-        rows = slot_rows(layout, head, slots, static.device_count)
-        totals = _sum_fields(rows, static.device_count)
+        flat = _slot_fields(layout, head, slots, static.device_count)
+        totals = _flat_totals(flat, static.device_count)
         devices = _devices(totals[0], static)
         version = _version(layout, head)
         snapshot = _new_snapshot(layout, size, version, values, static, devices, totals)
@@ -722,7 +773,7 @@ class RegionDecoder:
             len(head),
             layout,
             static,
-            rows if slots <= KEEP_ROWS_SLOTS else None,
+            hash(flat),
             totals,
             devices,
             snapshot,
