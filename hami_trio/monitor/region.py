@@ -252,8 +252,15 @@ class RegionHandle:
                 RejectReason.IO_ERROR, f"{self.display}: no successful read to write against"
             )
         # pwrite past the end would grow the tenant's file; only write while the file still
-        # has the size the decision was made on.
-        if self.size() != decoder.size:
+        # has the size the decision was made on.  Two bytes read across the old end say it
+        # in one cheap system call: exactly one comes back only when the file ends there.
+        size = decoder.size
+        assert size is not None  # a decode succeeded (layout is set)
+        try:
+            probe = os.pread(self._fd, 2, size - 1)
+        except OSError as exc:
+            raise _io_rejection(self.display, "read", exc) from exc
+        if len(probe) != 1:
             raise CacheFileRejected(
                 RejectReason.TRUNCATED, f"{self.display} changed size since it was read"
             )
