@@ -575,7 +575,7 @@ def child(hook: Path, n: int, ticks: int, mode: str, rounds: int) -> Figures:
     # whatever form the measured checkout has it.
     from hami_trio import _trio as trio_helpers
 
-    for policy in ("freeze_startup_objects",):
+    for policy in ("freeze_startup_objects", "raise_young_gc_threshold"):
         getattr(trio_helpers, policy, lambda: None)()
 
     async def run() -> Figures:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import resource
 import subprocess
 import sys
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -12,9 +14,11 @@ import pytest
 
 from hami_trio._trio import (
     UNLIMITED_FD_TARGET,
+    YOUNG_GC_THRESHOLD,
     StartRecorder,
     leaf_errors,
     raise_fd_limit,
+    raise_young_gc_threshold,
     relay_signals,
     sole_error,
 )
@@ -96,3 +100,30 @@ async def test_relay_without_second_receives_and_ignores_the_rest() -> None:
     await relay_signals(signals, first.append)
     assert first == [2]
     assert [s async for s in signals] == []  # all received, none acted on
+
+
+def test_young_gc_threshold_goes_up_and_never_down() -> None:
+    saved = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 7, 9)
+        raise_young_gc_threshold()
+        assert gc.get_threshold() == (YOUNG_GC_THRESHOLD, 7, 9)  # only the youngest
+        gc.set_threshold(YOUNG_GC_THRESHOLD * 3, 10, 10)
+        raise_young_gc_threshold()
+        assert gc.get_threshold() == (YOUNG_GC_THRESHOLD * 3, 10, 10)
+        # cycles are still collected: a cycle made now is gone after enough allocations
+        raise_young_gc_threshold()
+
+        class Node:
+            other: object = None
+
+        gone: list[str] = []
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        weakref.finalize(a, gone.append, "a")
+        del a, b
+        junk: list[list[int]] = [[] for _ in range(4 * YOUNG_GC_THRESHOLD)]
+        assert gone == ["a"]
+        del junk
+    finally:
+        gc.set_threshold(*saved)

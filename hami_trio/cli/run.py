@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from hami_trio._trio import freeze_startup_objects
+from hami_trio._trio import freeze_startup_objects, raise_young_gc_threshold
 from hami_trio.agent.config import AgentConfig, add_agent_arguments, check_host, resolve_config
 from hami_trio.logs import configure_logging
 
@@ -37,7 +37,8 @@ def run_agent_process(config: AgentConfig, *, nvml: NvmlLibrary | None = None) -
     """Run the agent as this process's main program until a signal stops it.
 
     Checks the host, configures logging, logs the configuration's warnings, freezes the
-    start-up objects out of the garbage collector's reach and runs
+    start-up objects out of the garbage collector's reach, raises the youngest generation's
+    threshold and runs
     :func:`~hami_trio.agent.service.run_agent` under ``trio.run``.
 
     Returns:
@@ -54,6 +55,7 @@ def run_agent_process(config: AgentConfig, *, nvml: NvmlLibrary | None = None) -
     for warning in config.warnings:
         logger.warning("%s", warning, extra={"event": "config_warning"})
     freeze_startup_objects()
+    raise_young_gc_threshold()  # the monitor's ticks: docs/monitor.md (Garbage collection)
     # A failing task's traceback is logged at debug level by serve_agent; the CLI prints the
     # error itself as one line.
     trio.run(partial(run_agent, config, nvml=nvml))
