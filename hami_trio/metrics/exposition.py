@@ -138,10 +138,15 @@ class FastGauge(_KeptRows, Metric):
 
     def encoded(self, openmetrics: bool = False) -> bytes:
         """:meth:`exposition` as UTF-8 (the kept blocks are joined as they are)."""
+        return b"".join(self.pieces(openmetrics))
+
+    def pieces(self, openmetrics: bool = False) -> list[bytes]:
+        """:meth:`encoded` in pieces: the head, the kept blocks themselves (not copied) and
+        the lines of the added rows; the renderer joins every family's pieces at once."""
         name = self.name
         help_text = self.documentation.replace("\\", "\\\\").replace("\n", "\\n")
         head = f"# HELP {name} {help_text}\n# TYPE {name} gauge\n"
-        return b"".join([head.encode(), *self.blocks, self.render_rows(self._rows).encode()])
+        return [head.encode(), *self.blocks, self.render_rows(self._rows).encode()]
 
 
 class FastCounter(_KeptRows, Metric):
@@ -193,8 +198,12 @@ class FastCounter(_KeptRows, Metric):
 
     def encoded(self, openmetrics: bool = False) -> bytes:
         """:meth:`exposition` as UTF-8 (the kept blocks are joined as they are)."""
+        return b"".join(self.pieces(openmetrics))
+
+    def pieces(self, openmetrics: bool = False) -> list[bytes]:
+        """:meth:`encoded` in pieces (see :meth:`FastGauge.pieces`)."""
         sample = f"{self.name}_total"
         head_name = self.name if openmetrics else sample
         help_text = self.documentation.replace("\\", "\\\\").replace("\n", "\\n")
         head = f"# HELP {head_name} {help_text}\n# TYPE {head_name} counter\n"
-        return b"".join([head.encode(), *self.blocks, self.render_rows(self._rows).encode()])
+        return [head.encode(), *self.blocks, self.render_rows(self._rows).encode()]

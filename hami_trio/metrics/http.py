@@ -195,6 +195,10 @@ class SelfRendering(Protocol):
         """The family's lines in the chosen format, each ending in a newline, as UTF-8."""
         ...
 
+    def pieces(self, openmetrics: bool = False) -> list[bytes]:
+        """:meth:`encoded` in pieces that join to it (kept text is handed over, not copied)."""
+        ...
+
 
 class _OneFamily:
     """A collector of one family, to render it with prometheus-client's encoders."""
@@ -223,8 +227,10 @@ def render_metrics(registry: CollectorRegistry, accept: str, names: list[str]) -
     openmetrics = content_type.startswith("application/openmetrics-text")
     parts: list[bytes] = []
     for family in registry.collect():
-        if getattr(family, "encoded", None) is not None:
-            parts.append(cast(SelfRendering, family).encoded(openmetrics))
+        if getattr(family, "pieces", None) is not None:
+            # One join for the whole body: a family's kept lines are not copied into a text
+            # of their own first (at N=1000 that was 4.5 MB more at the scrape's peak).
+            parts.extend(cast(SelfRendering, family).pieces(openmetrics))
             continue
         text = encoder(cast(Collector, _OneFamily(family)))
         if openmetrics and text.endswith(_EOF):

@@ -152,8 +152,11 @@ class _Family(FastGauge):
         # A gauge's lines are the same in both formats, so one cached text serves both.
         encoded = self._encoded
         if encoded is None:
-            encoded = self._encoded = super().encoded(openmetrics)
+            encoded = self._encoded = b"".join(super().pieces(openmetrics))
         return encoded
+
+    def pieces(self, openmetrics: bool = False) -> list[bytes]:
+        return [self.encoded(openmetrics)]
 
 
 @dataclass(frozen=True, slots=True)
