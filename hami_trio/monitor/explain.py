@@ -41,6 +41,8 @@ logger = logging.getLogger("hami_trio.monitor.loop")
 
 _RECENT_KERNEL = ControlField.RECENT_KERNEL
 
+_new_tuple = tuple.__new__
+
 #: Containers classified between two checkpoints (a few milliseconds of work at most).
 EXPLAIN_BATCH = 256
 
@@ -161,8 +163,10 @@ class Explainer:
                 and last.devices is devices
             ):
                 view[key] = last
-            else:
-                view[key] = ContainerInsight(snapshot, processes, switch, recent, block, devices)
+            else:  # the named tuple's own __new__ is a Python function: skip it
+                view[key] = _new_tuple(
+                    ContainerInsight, (snapshot, processes, switch, recent, block, devices)
+                )
         blocks.finish()
         if self._without:
             for key in [k for k in self._without if k not in snapshots]:

@@ -34,6 +34,10 @@ from hami_trio.monitor.snapshot import (
 __all__ = ["RegionHandle", "read_region_file", "read_totals_without"]
 
 _I32 = struct.Struct("<i")
+_RECENT_KERNEL = ControlField.RECENT_KERNEL
+#: The words the feedback writes (-1 blocked, 0, 1, and the decrements of small counts),
+#: packed once: a busy node writes one or two per container per tick.
+_SMALL_WORDS = {value: _I32.pack(value) for value in range(-1, 64)}
 
 
 def _pack(codec: struct.Struct, value: int, what: str) -> bytes:
@@ -286,7 +290,14 @@ class RegionHandle:
             raise CacheFileRejected(
                 RejectReason.IO_ERROR, f"{self.display}: no successful read to write against"
             )
-        self._store([(field.offset(layout), _pack(_I32, v, field.value)) for field, v in values])
+        stores = []
+        for field, value in values:
+            data = _SMALL_WORDS.get(value)
+            if data is None:
+                data = _pack(_I32, value, field.value)
+            offset = layout.recent_kernel if field is _RECENT_KERNEL else layout.utilization_switch
+            stores.append((offset, data))
+        self._store(stores)
 
 
 def read_region_file(path: str | os.PathLike[str]) -> UsageSnapshot:
