@@ -473,7 +473,7 @@ async def breakdown(monitor: object, change: Callable[[int], None], rounds: int)
     import trio
 
     from hami_trio.monitor.feedback import observe
-    from hami_trio.monitor.layout import clamp_proc_num, layout_for_size
+    from hami_trio.monitor.layout import LAYOUTS, Format, clamp_proc_num, layout_for_size
     from hami_trio.monitor.lister import parse_container_dirname
     from hami_trio.monitor.loop import Monitor
     from hami_trio.monitor.snapshot import RegionDecoder
@@ -489,9 +489,9 @@ async def breakdown(monitor: object, change: Callable[[int], None], rounds: int)
     ]
     if len(paths) != len(names):
         raise SystemExit("breakdown: a container without an open handle")
-    fds = [os.open(os.path.join(root, path), os.O_RDONLY | os.O_CLOEXEC) for path in paths]
+    fds = [os.open(os.path.join(root, path), os.O_RDWR | os.O_CLOEXEC) for path in paths]
     decoders = [RegionDecoder() for _ in paths]
-    steps = ("list", "identity", "read", "decode", "detect", "update", "observe", "apply")
+    steps = ("list", "identity", "read", "decode", "detect", "update", "observe", "apply", "writes")
     took: dict[str, list[float]] = {step: [] for step in steps}
     try:
         for r in range(rounds + 1):  # round 0 primes the decoders
@@ -515,20 +515,28 @@ async def breakdown(monitor: object, change: Callable[[int], None], rounds: int)
                 sizes.append(st.st_size)
             t2 = clock()
             os.close(root_fd)
-            reads = []  # N heads: ~17 MB at N=1000, so peak RSS is taken before this
-            for fd, size in zip(fds, sizes, strict=True):
+
+            # Each region is read as the tick reads it (tail, then the head up to the live
+            # slots) and its bytes dropped at once; holding every container's head (17 MB at
+            # N=1000) would charge page faults to the reads and cache misses to the decode.
+            def read(fd: int, size: int) -> tuple[bytes, bytes]:
                 layout = layout_for_size(size)
                 assert layout is not None
                 tail = os.pread(fd, layout.tail_size, layout.tail_offset)
                 slots = clamp_proc_num(int.from_bytes(tail[:4], "little", signed=True))
-                reads.append((size, tail, os.pread(fd, layout.body_size(slots), 0)))
+                return tail, os.pread(fd, layout.body_size(slots), 0)
+
+            for fd, size in zip(fds, sizes, strict=True):
+                read(fd, size)
             t3 = clock()
-            for decoder, (size, tail, head) in zip(decoders, reads, strict=True):
+            for decoder, fd, size in zip(decoders, fds, sizes, strict=True):
+                tail, head = read(fd, size)
                 decoder.start(size)
                 decoder.feed(tail)
                 decoder.feed(head)
             t4 = clock()
-            for decoder, (size, tail, head) in zip(decoders, reads, strict=True):
+            for decoder, fd, size in zip(decoders, fds, sizes, strict=True):
+                tail, head = read(fd, size)
                 decoder.start(size)
                 decoder.feed(tail)
                 decoder.feed(head)
@@ -542,13 +550,31 @@ async def breakdown(monitor: object, change: Callable[[int], None], rounds: int)
             t8 = clock()
             if r == 0:
                 continue
+            read_alone = t3 - t2  # decode and detect are what reading and decoding add
             for step, seconds in zip(
                 steps,
-                (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t7 - t6),
+                (
+                    t1 - t0,
+                    t2 - t1,
+                    read_alone,
+                    t4 - t3 - read_alone,
+                    t5 - t4 - read_alone,
+                    t6 - t5,
+                    t7 - t6,
+                ),
                 strict=False,
             ):
                 took[step].append(seconds)
             took["apply"].append(t8 - t7)
+            # The system calls of a write-back alone, as apply makes them for a busy
+            # container: the two-byte size probe and one 4-byte pwrite (of the word the file
+            # holds already, so nothing changes).
+            words = [os.pread(fd, 4, LAYOUTS[Format.V1].recent_kernel) for fd in fds]
+            t9 = clock()
+            for fd, size, word in zip(fds, sizes, words, strict=True):
+                os.pread(fd, 2, size - 1)
+                os.pwrite(fd, word, LAYOUTS[Format.V1].recent_kernel)
+            took["writes"].append(clock() - t9)
             await trio.lowlevel.checkpoint()
     finally:
         for fd in fds:
@@ -556,6 +582,10 @@ async def breakdown(monitor: object, change: Callable[[int], None], rounds: int)
     figures = {f"breakdown_{step}_ms": _median_ms(took[step]) for step in steps}
     measured = sum(figures[f"breakdown_{s}_ms"] for s in ("list", "identity", "read", "decode"))
     figures["breakdown_lister_other_ms"] = figures["breakdown_update_ms"] - measured
+    # What the system calls alone cost per busy container (identity lstat, two preads, size
+    # probe and pwrite): the floor under any Python of a churning tick on this machine.
+    syscalls = sum(figures[f"breakdown_{s}_ms"] for s in ("identity", "read", "writes"))
+    figures["syscalls_per_container_us"] = syscalls * 1e3 / len(fds)
     return figures
 
 
@@ -704,7 +734,7 @@ def main() -> int:
     return 0
 
 
-_BREAKDOWN = ("list", "identity", "read", "decode", "lister_other", "observe", "apply")
+_BREAKDOWN = ("list", "identity", "read", "decode", "lister_other", "observe", "apply", "writes")
 
 
 def report(results: dict[str, dict[str, Figures]], ticks: int) -> None:
@@ -725,7 +755,8 @@ def report(results: dict[str, dict[str, Figures]], ticks: int) -> None:
             )
         if any("breakdown_update_ms" in fig for fig in by_n.values()):
             print("breakdown, CPU ms per tick (medians; update = list + identity + read +")
-            print("decode + lister_other; detect = decoding unchanged bytes, for comparison):")
+            print("decode + lister_other; writes = the system calls of apply alone; detect =")
+            print("decoding unchanged bytes, for comparison):")
             print(f"{'N':>6} " + " ".join(f"{step:>12}" for step in (*_BREAKDOWN, "detect")))
             for n, fig in by_n.items():
                 if "breakdown_update_ms" in fig:
@@ -735,7 +766,9 @@ def report(results: dict[str, dict[str, Figures]], ticks: int) -> None:
             extra = {
                 k: v
                 for k, v in fig.items()
-                if not k.startswith(("tick_", "peak_rss", "breakdown_", "longest_", "gc_"))
+                if not k.startswith(
+                    ("tick_", "peak_rss", "breakdown_", "longest_", "gc_", "syscalls_")
+                )
             }
             if extra:
                 print(f"N={n}: " + ", ".join(f"{k} = {v:.3f}" for k, v in extra.items()))
@@ -757,6 +790,12 @@ def targets(mode: str, by_n: dict[str, Figures]) -> None:
         f"container {k['tick_cpu_per_container_us']:.1f} us (<= 15), "
         f"RSS {k['peak_rss_mb']:.0f} MB (<= 65)"
     )
+    if "syscalls_per_container_us" in k:
+        # The floor under any Python: what the kernel alone takes for one busy container.
+        print(
+            f"         system calls per busy container, with the least Python around them (lstat, "
+            f"two preads, size probe, pwrite): {k['syscalls_per_container_us']:.1f} us"
+        )
     if "2000" in by_n:
         two = by_n["2000"]
         ratio = two["tick_median_ms"] / k["tick_median_ms"]
