@@ -77,6 +77,9 @@ class ProcessCounts(NamedTuple):
         )
 
 
+_new_tuple = tuple.__new__  # a named tuple without its Python-level __new__
+
+
 @functools.lru_cache(maxsize=1024)
 def _no_exited(running: int, unknown: int) -> ProcessCounts:
     """The common result, one shared object per value (the monitor compares by identity)."""
@@ -163,12 +166,11 @@ class ProcessClassifier:
         dead = self._dead
         if not dead or dead.isdisjoint(host_pids):
             return _no_exited(len(host_pids) - unknown, unknown)
-        exited = [pid for pid in host_pids if pid in dead]
-        return ProcessCounts(
-            running=len(host_pids) - unknown - len(exited),
-            exited=len(exited),
-            unknown=unknown,
-            exited_host_pids=frozenset(exited),
+        # Counted per slot (two slots may name one PID), collected as a set; both in C.
+        exited = sum(map(dead.__contains__, host_pids))
+        return _new_tuple(
+            ProcessCounts,
+            (len(host_pids) - unknown - exited, exited, unknown, dead.intersection(host_pids)),
         )
 
 
