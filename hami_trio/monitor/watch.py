@@ -38,6 +38,7 @@ __all__ = [
     "PARSE_BYTES",
     "RETRY_TICKS",
     "WATCH_CEILING",
+    "WATCH_FALLBACKS",
     "WATCH_MASK",
     "DirectoryWatch",
     "Events",
@@ -63,6 +64,10 @@ WATCH_MASK = (
     | _flags.ONLYDIR
     | _flags.EXCL_UNLINK
 )
+#: Why no directory could rely on its watch one tick: the kernel's queue overflowed, more
+#: than PARSE_BYTES were queued, reading failed, or the containers directory was replaced
+#: (the lister's own check).
+WATCH_FALLBACKS = ("overflow", "flood", "error", "root")
 #: The most watches one lister holds, whatever the node allows.
 WATCH_CEILING = 16384
 #: The lister holds at most this fraction of ``fs.inotify.max_user_watches`` (shared per UID).

@@ -21,15 +21,18 @@ import inotify_simple
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from hami_trio.monitor import watch as watch_module
 from hami_trio.monitor.feedback import Write
 from hami_trio.monitor.layout import LAYOUTS, ControlField, Format, RejectReason
 from hami_trio.monitor.lister import ContainerKey, ContainerLister, ContainerStatus
+from hami_trio.monitor.loop import Monitor, MonitorConfig
 from hami_trio.monitor.region import PROBE_SLACK
 from hami_trio.monitor.watch import (
     PARSE_BYTES,
     RETRY_TICKS,
+    WATCH_FALLBACKS,
     DirectoryWatch,
     Events,
     parse_events,
@@ -641,3 +644,28 @@ def test_a_watch_is_trusted_only_after_an_lstat_in_a_later_tick(tmp_path: Path) 
     watch.drain()
     assert watch.quiet("d")  # ... and quiet again after it
     watch.close()
+
+
+async def test_the_monitor_exports_its_watches_and_fallbacks(hook: Path) -> None:
+    root = hook / "containers"
+    root.mkdir(exist_ok=True)
+    for name in NAMES:
+        container(root, name)
+    registry = CollectorRegistry()
+    config = MonitorConfig(hook_path=hook, mig_lock_path=hook / "lock" / "mig.lock")
+    monitor = Monitor(config, pod_source=StaticPodSource(), registry=registry)
+    try:
+        await monitor.tick()
+        assert registry.get_sample_value("hami_trio_monitor_watched_directories") == 3
+        assert registry.get_sample_value("hami_trio_monitor_unwatched_directories") == 0
+        flood(root / "u0_c", 5000)
+        await monitor.tick()
+        counted = {
+            reason: registry.get_sample_value(
+                "hami_trio_monitor_watch_fallbacks_total", {"reason": reason}
+            )
+            for reason in WATCH_FALLBACKS
+        }
+        assert counted == {"overflow": 0, "flood": 1, "error": 0, "root": 0}
+    finally:
+        monitor.close()
