@@ -364,6 +364,7 @@ class ContainerLister:
         finally:
             os.close(root_fd)
         self._forget(seen)
+        self._watch.tick_done()
         self._warned.intersection_update(entry.name for entry in entries)
         self._view = MappingProxyType(states)
         if self._removing:

@@ -8,14 +8,16 @@ would mark every busy container).  At the start of each tick :meth:`DirectoryWat
 reads what is queued without blocking; :meth:`DirectoryWatch.quiet` then tells the lister
 whether a directory may skip its identity ``lstat`` this tick: it is watched, one ``lstat``
 after the watch was added confirmed the name (:meth:`DirectoryWatch.confirm`), and no event
-about it was read since.  The drain parses at most :data:`PARSE_BYTES`: more is a flood (a
-tenant can create and delete names in its own directory at will); the rest is read and
-dropped, bounded, and that tick - as on a queue overflow or a read error - no directory is
-quiet.  A drain that lost events also reconciles the watches with the kernel's list
-(``/proc/self/fdinfo``): a lost ``IN_IGNORED`` would leave a watch believed in that the
-kernel dropped.  Watches are capped (a share of ``fs.inotify.max_user_watches``, which
-kubelet and others on the node use too); a directory that gets none keeps the ``lstat``.
-docs/monitor.md (How one region is read).
+about it was read since its last ``lstat`` (an event stays pending until an ``lstat`` of that
+directory, so a tick cancelled half-way loses none).  The drain parses at most
+:data:`PARSE_BYTES`: more is a flood (a tenant can create and delete names in its own
+directory at will); the rest is read and dropped, bounded, and until a tick completes - as
+after a queue overflow or a read error - no directory is quiet.  A drain that lost events
+also reconciles the watches with the kernel's list (``/proc/self/fdinfo``): a lost
+``IN_IGNORED`` would leave a watch believed in that the kernel dropped.  Watches are capped
+(a share of ``fs.inotify.max_user_watches``, which kubelet and others on the node use too);
+a directory that gets none keeps the ``lstat``.  docs/monitor.md (How a container's file is
+checked between ticks).
 """
 
 from __future__ import annotations
@@ -182,15 +184,14 @@ class DirectoryWatch:
 
     def drain(self) -> str | None:
         """Start a tick: read the events since the last drain and note which directories
-        they name.
+        they name (pending until :meth:`confirm` or :meth:`remove`).
 
         Returns:
-            None, or why no directory is quiet this tick: ``overflow`` (the kernel's queue
-            overflowed), ``flood`` (more than :data:`PARSE_BYTES` queued), ``error``.
+            None, or why no directory is quiet until a tick completes (:meth:`tick_done`):
+            ``overflow`` (the kernel's queue overflowed), ``flood`` (more than
+            :data:`PARSE_BYTES` queued), ``error``.
         """
         self._epoch += 1
-        self._dirty.clear()
-        self._everything = False
         notify = self._inotify
         if notify is None:
             if self._epoch >= self._open_at:
@@ -203,8 +204,12 @@ class DirectoryWatch:
         return reason
 
     def mark_all_dirty(self) -> None:
-        """No directory is quiet this tick (the containers directory itself changed)."""
+        """No directory is quiet until a tick completes (the containers directory changed)."""
         self._everything = True
+
+    def tick_done(self) -> None:
+        """A tick checked every directory: lost events are accounted for."""
+        self._everything = False
 
     def quiet(self, name: str) -> bool:
         """Whether directory ``name`` may skip its identity ``lstat`` this tick."""
@@ -214,9 +219,11 @@ class DirectoryWatch:
         return watch is not None and watch.trusted
 
     def confirm(self, name: str) -> None:
-        """An ``lstat`` this tick found the file the handle holds at its name.  A watch
-        added before this tick's drain is trusted from now on: every name change since it
-        was added is an event, and this ``lstat`` says the name still leads to the file."""
+        """An ``lstat`` this tick found the file the handle holds at its name: the events
+        read so far are answered.  A watch added before this tick's drain is trusted from
+        now on: every name change since it was added is an event, and this ``lstat`` says
+        the name still leads to the file."""
+        self._dirty.discard(name)
         watch = self._names.get(name)
         if watch is not None and watch.epoch < self._epoch:
             watch.trusted = True
@@ -247,8 +254,9 @@ class DirectoryWatch:
             if name is not None:
                 # The kernel removed it (directory deleted, file system unmounted).  Removing
                 # it again is harmless and frees the number should the kernel have reused it.
+                # Unwatched, the directory is never quiet: nothing is left pending.
                 del names[name]
-                dirty.add(name)
+                dirty.discard(name)
                 self._rm_watch(wd)
         return reason
 
@@ -285,6 +293,7 @@ class DirectoryWatch:
             if live.get(watch.wd) != watch.ino:
                 del self._names[name]
                 self._wds.pop(watch.wd, None)
+                self._dirty.discard(name)
 
     # -- adding and removing ---------------------------------------------------------------
 
@@ -342,6 +351,7 @@ class DirectoryWatch:
         """Stop watching ``name`` (nothing if it is not watched)."""
         watch = self._names.pop(name, None)
         if watch is not None:
+            self._dirty.discard(name)
             del self._wds[watch.wd]
             self._rm_watch(watch.wd)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import inotify_simple
 import pytest
+import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
@@ -26,7 +27,12 @@ from prometheus_client import CollectorRegistry
 from hami_trio.monitor import watch as watch_module
 from hami_trio.monitor.feedback import Write
 from hami_trio.monitor.layout import LAYOUTS, ControlField, Format, RejectReason
-from hami_trio.monitor.lister import ContainerKey, ContainerLister, ContainerStatus
+from hami_trio.monitor.lister import (
+    CHECKPOINT_EVERY,
+    ContainerKey,
+    ContainerLister,
+    ContainerStatus,
+)
 from hami_trio.monitor.loop import Monitor, MonitorConfig
 from hami_trio.monitor.region import PROBE_SLACK
 from hami_trio.monitor.watch import (
@@ -640,9 +646,12 @@ def test_a_watch_is_trusted_only_after_an_lstat_in_a_later_tick(tmp_path: Path) 
     assert watch.quiet("d")
     (tmp_path / "new").touch()
     watch.drain()
-    assert not watch.quiet("d")  # an event: the lstat path this tick ...
+    assert not watch.quiet("d")  # an event: the lstat path ...
     watch.drain()
-    assert watch.quiet("d")  # ... and quiet again after it
+    assert not watch.quiet("d")  # ... until it happened (a cancelled tick did not get to it)
+    watch.confirm("d")
+    watch.drain()
+    assert watch.quiet("d")  # quiet again after it
     watch.close()
 
 
@@ -669,3 +678,30 @@ async def test_the_monitor_exports_its_watches_and_fallbacks(hook: Path) -> None
         assert counted == {"overflow": 0, "flood": 1, "error": 0, "root": 0}
     finally:
         monitor.close()
+
+
+async def test_an_event_read_by_a_cancelled_tick_is_answered_by_the_next(root: Path) -> None:
+    """The drain at the start of a tick consumes the queue; a tick cancelled before it got to
+    a directory must leave that directory's event pending, or the replacement is lost."""
+    names = [f"u{i:03d}_c" for i in range(CHECKPOINT_EVERY + 2)]
+    for name in names:
+        container(root, name)
+    made, rejects, _ = lister(root)
+    try:
+        await made.update()
+        await made.update()
+        last = root / names[-1]  # listed after the tick's first checkpoint
+        write_region(last / "new", RegionSpec(priority=6))
+        os.replace(last / "new", last / "x.cache")
+        with trio.CancelScope() as scope:
+            scope.cancel()  # taken at the first checkpoint: the last directories are not read
+            await made.update()
+        assert scope.cancelled_caught
+        assert rejects.seen == []
+        view = await made.update()
+        assert rejects.seen == ["replaced"]
+        state = view[ContainerKey(names[-1][:4], "c")]
+        assert state.snapshot is not None
+        assert state.snapshot.priority == 6
+    finally:
+        made.close()
