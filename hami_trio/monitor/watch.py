@@ -164,6 +164,7 @@ class DirectoryWatch:
         self._epoch = 0
         self._open_at = 0  # the drain from which creating an instance is tried (again)
         self._add_at = 0  # the drain from which adding is tried again after ENOSPC
+        self._cap_noted = -1  # the drain in which the cap was last logged
         self._limiter = RateLimiter(log_interval, max_keys=64)
 
     @property
@@ -299,9 +300,12 @@ class DirectoryWatch:
 
     def can_add(self) -> bool:
         """Whether :meth:`add` may be tried now (logs why not, rate-limited)."""
-        if self._inotify is None:
+        if self._inotify is None or self._epoch < self._add_at:
             return False
-        if len(self._names) >= self._cap:
+        if len(self._names) < self._cap:
+            return True
+        if self._cap_noted != self._epoch:  # asked once per container: log once per tick
+            self._cap_noted = self._epoch
             self._log(
                 "cap",
                 "%d container directories watched (the cap: a quarter of "
@@ -310,8 +314,7 @@ class DirectoryWatch:
                 len(self._names),
                 WATCH_CEILING,
             )
-            return False
-        return self._epoch >= self._add_at
+        return False
 
     def add(self, name: str, dir_fd: int) -> bool:
         """Watch the directory open at ``dir_fd`` (an ``O_PATH`` descriptor) as ``name``.
