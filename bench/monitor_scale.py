@@ -15,7 +15,8 @@ that runs the monitor's tick (refresh + Observe + write back) and reports:
   containers directory, identity ``lstat``, the two ``pread`` s, decode with the region's
   :class:`RegionDecoder`, change detection = the same bytes decoded again), then the real
   ``lister.update()``, Observe and ``lister.apply()``; ``lister other`` is what update costs
-  beyond the steps measured alone (its own bookkeeping);
+  beyond the steps measured alone (its own bookkeeping; negative by about the identity
+  column where the lister skips the ``lstat`` of directories inotify saw no name change in);
 - the child's peak RSS (``ru_maxrss``), so each N is measured without the others' garbage:
   ``peak_rss_mb`` after the ticks and the agent's own renders and HTTP scrapes (before
   prometheus-client's reference ``generate_latest``), ``peak_rss_with_pods_mb`` after the

@@ -4,13 +4,16 @@ How this works: each :meth:`ContainerLister.update` lists the containers directo
 (sorted; only real directories named ``{PodUID}_{ContainerName}``), asks the
 :class:`~hami_trio.pods.source.PodSource` about each pod, and for each container checks that
 its open :mod:`~hami_trio.monitor.region` handle still names the same ``.cache`` file, reads
-it, or (re-)lists the directory to open one.  Directories of pods gone longer than the resync
-interval leave the view and go to :meth:`ContainerLister.serve_removals`
-(:mod:`~hami_trio.monitor.remover`, a budgeted step per tick, off the tick).  The tick
-checkpoints by work done (about one unit per byte read or listed, see the constants below);
-large directories are listed in a worker thread.  The result is one immutable mapping per
-tick (:meth:`ContainerLister.containers`).  Rules and reasons: docs/monitor.md (Discovery,
-Tenant threat model).
+it, or (re-)lists the directory to open one.  The name check is an ``lstat``, except for a
+directory that :mod:`~hami_trio.monitor.watch` (inotify) watches and saw no name change in
+since the last tick: that one is read straight away, its size checked by the read itself
+(:meth:`~hami_trio.monitor.region.RegionHandle.read_probed`).  Directories of pods gone
+longer than the resync interval leave the view and go to
+:meth:`ContainerLister.serve_removals` (:mod:`~hami_trio.monitor.remover`, a budgeted step
+per tick, off the tick).  The tick checkpoints by work done (about one unit per byte read or
+listed, see the constants below); large directories are listed in a worker thread.  The
+result is one immutable mapping per tick (:meth:`ContainerLister.containers`).  Rules and
+reasons: docs/monitor.md (Discovery, How one region is read, Tenant threat model).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from hami_trio.monitor.layout import LAYOUTS, MAX_SLOTS, ControlField, RejectRea
 from hami_trio.monitor.region import RegionHandle
 from hami_trio.monitor.remover import Budget, TreeRemover
 from hami_trio.monitor.snapshot import UsageSnapshot, _constructor
+from hami_trio.monitor.watch import DirectoryWatch
 from hami_trio.pods.source import PodSource
 
 __all__ = [
@@ -214,6 +218,11 @@ class ContainerLister:
         on_removal: called with ``"removed"`` or ``"failed"`` each time the removal of a gone
             pod's directory ends (the self-metrics counter).
         removal_budget: the work of one removal step (one step per tick).
+        on_watch_fallback: called with ``overflow``, ``flood``, ``error`` or ``root`` for each
+            tick on which no directory could rely on its inotify watch (the self-metrics
+            counter).
+        max_watches: the most directories watched with inotify (None: a share of the node's
+            ``fs.inotify.max_user_watches``, see :func:`~hami_trio.monitor.watch.watch_cap`).
     """
 
     def __init__(
@@ -227,6 +236,8 @@ class ContainerLister:
         log_interval: float = 60.0,
         on_removal: Callable[[str], None] | None = None,
         removal_budget: Budget | None = None,
+        on_watch_fallback: Callable[[str], None] | None = None,
+        max_watches: int | None = None,
     ) -> None:
         self._root = os.fspath(containers_dir)
         self._pods = pod_source
@@ -247,6 +258,10 @@ class ContainerLister:
         self._limiter = RateLimiter(log_interval, max_keys=4096)
         self._view: Mapping[ContainerKey, ContainerState] = MappingProxyType({})
         self._work = 0  # units since the last checkpoint (see the module docstring)
+        self._watch = DirectoryWatch(max_watches, log_interval=log_interval)
+        self._on_watch_fallback = on_watch_fallback
+        self._root_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the last tick's
+        self._unwatched = 0  # containers of the latest tick with a handle but no watch
 
     # -- the read-only view ----------------------------------------------------------------
 
@@ -264,6 +279,17 @@ class ContainerLister:
         return None if tracked is None else tracked.handle
 
     @property
+    def watched_directories(self) -> int:
+        """Container directories watched with inotify now (see :mod:`~hami_trio.monitor.watch`)."""
+        return self._watch.watched
+
+    @property
+    def unwatched_directories(self) -> int:
+        """Containers of the latest tick with an open file but no watch: checked by ``lstat``
+        every tick (the watch cap, the node's limit, or no inotify)."""
+        return self._unwatched
+
+    @property
     def containers_dir(self) -> str:
         """The directory this lister scans."""
         return self._root
@@ -277,6 +303,9 @@ class ContainerLister:
         docstring) and once more before publishing.  If cancelled there, nothing is
         published and the previous view stays; the next call starts over.
         """
+        fallback = self._watch.drain()
+        if fallback is not None:
+            self._watch_fell_back(fallback)
         try:
             root_fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -299,9 +328,12 @@ class ContainerLister:
             return self._view
         self._root_missing_logged = False
         self._work = 0
+        self._unwatched = 0
         try:
             try:
-                size = os.fstat(root_fd).st_size
+                root_st = os.fstat(root_fd)
+                self._check_root(root_st)
+                size = root_st.st_size
                 if size > INLINE_DIR_BYTES:
                     entries = await trio.to_thread.run_sync(_sorted_entries, root_fd)
                 else:
@@ -332,11 +364,26 @@ class ContainerLister:
         finally:
             os.close(root_fd)
         self._forget(seen)
+        self._watch.tick_done()
         self._warned.intersection_update(entry.name for entry in entries)
         self._view = MappingProxyType(states)
         if self._removing:
             self._removal_wanted.set()  # one removal step per tick (serve_removals)
         return self._view
+
+    def _check_root(self, st: os.stat_result) -> None:
+        # Another containers directory under the same path (renamed, mounted over): the
+        # watches are on the old one's directories, so none of them says anything now.
+        root_id = (st.st_dev, st.st_ino)
+        if root_id != self._root_id:
+            if self._root_id is not None:
+                self._watch.mark_all_dirty()
+                self._watch_fell_back("root")
+            self._root_id = root_id
+
+    def _watch_fell_back(self, reason: str) -> None:
+        if self._on_watch_fallback is not None:
+            self._on_watch_fallback(reason)
 
     def _warn_once(self, name: str, msg: str, *args: object) -> None:
         if name not in self._warned:
@@ -376,7 +423,7 @@ class ContainerLister:
         ):
             if tracked is not None:
                 del self._tracked[name]
-                tracked.drop_handle()
+                self._drop_handle(tracked)  # and its watch, before the remover deletes
             self._schedule_removal(name, entry)
             return None
         if tracked is None:
@@ -492,7 +539,13 @@ class ContainerLister:
 
     def _forget(self, seen: set[str]) -> None:
         for name in [n for n in self._tracked if n not in seen]:
-            self._tracked.pop(name).drop_handle()
+            self._drop_handle(self._tracked.pop(name))
+
+    def _drop_handle(self, tracked: _Tracked) -> None:
+        """Close the container's handle and stop watching its directory (a watch is only
+        held while there is a handle whose name it guards)."""
+        self._watch.remove(tracked.key.dirname)
+        tracked.drop_handle()
 
     def _state(
         self,
@@ -536,12 +589,18 @@ class ContainerLister:
     def _refresh(self, root_fd: int, tracked: _Tracked) -> ContainerState | _Pending:
         handle = tracked.handle
         if handle is not None:
+            watch = self._watch
+            name = tracked.key.dirname
+            if watch.quiet(name):
+                # No name in the directory changed since a check found the file there: it
+                # is still the file at that name.  The read checks the size.
+                return self._read(tracked, handle, None)
             try:
-                st = os.stat(tracked.cache_path, dir_fd=root_fd, follow_symlinks=False)
+                st = self._identity(root_fd, tracked)
             except FileNotFoundError:
-                tracked.drop_handle()
+                self._drop_handle(tracked)
             except OSError as exc:
-                tracked.drop_handle()
+                self._drop_handle(tracked)
                 return self._reject(
                     tracked,
                     CacheFileRejected(
@@ -550,11 +609,49 @@ class ContainerLister:
                 )
             else:
                 if handle.matches(st):
+                    if watch.watching(name):
+                        watch.confirm(name)
+                    else:
+                        self._unwatched += 1
                     return self._read(tracked, handle, st.st_size)
-                tracked.drop_handle()
+                self._drop_handle(tracked)
                 # Counted and logged even if the new file loads: somebody swapped the file.
                 self._report_replaced(tracked, handle.display, st)
         return self._open(root_fd, tracked)
+
+    def _identity(self, root_fd: int, tracked: _Tracked) -> os.stat_result:
+        """``lstat`` of the cache file's name; a directory not watched yet is watched first
+        (when the cap allows), and the name looked up in the very directory watched."""
+        name = tracked.key.dirname
+        if not self._watch.watching(name) and self._watch.can_add():
+            try:
+                dir_fd = os.open(
+                    name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd
+                )
+            except OSError:
+                pass  # the lstat below says what is there
+            else:
+                try:
+                    assert tracked.cache_name is not None  # set while there is a handle
+                    st = self._watch_at(name, dir_fd, tracked.cache_name)
+                finally:
+                    os.close(dir_fd)
+                if st is not None:
+                    return st
+        return os.stat(tracked.cache_path, dir_fd=root_fd, follow_symlinks=False)
+
+    def _watch_at(self, name: str, dir_fd: int, cache_name: str) -> os.stat_result | None:
+        """Watch the directory open at ``dir_fd``, then ``lstat`` ``cache_name`` in it: any
+        change to that name from then on is an event.  The watch is trusted after one more
+        ``lstat`` through the containers directory, next tick (which confirms that the
+        directory still has its name).  None: not watched (nothing was looked up)."""
+        if not self._watch.add(name, dir_fd):
+            return None
+        try:
+            return os.stat(cache_name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            self._watch.remove(name)
+            return None
 
     def _report_replaced(self, tracked: _Tracked, display: str, st: os.stat_result) -> None:
         if self._on_reject is not None:
@@ -570,9 +667,11 @@ class ContainerLister:
             "regular file" if stat.S_ISREG(st.st_mode) else "non-regular file",
         )
 
-    def _read(self, tracked: _Tracked, handle: RegionHandle, size: int) -> ContainerState:
+    def _read(self, tracked: _Tracked, handle: RegionHandle, size: int | None) -> ContainerState:
+        """Read through ``handle`` at ``size`` (from an ``lstat``), or, with None, at the
+        size the read itself checks (the name is known unchanged)."""
         try:
-            snapshot = handle.read(size)
+            snapshot = handle.read(size) if size is not None else handle.read_probed()
         except CacheFileRejected as exc:
             self._work += handle.read_bytes
             return self._reject(tracked, exc)
@@ -674,6 +773,7 @@ class ContainerLister:
             )
         try:
             handle = RegionHandle.open_at(dir_fd, caches[0], display=display)
+            self._watch_opened(dirname, dir_fd, caches[0], handle)
         except FileNotFoundError:
             # Vanished between the listing and the open; look again next tick.
             tracked.cache_name = None
@@ -689,6 +789,19 @@ class ContainerLister:
         except CacheFileRejected as exc:
             return self._reject(tracked, exc)
         return self._read(tracked, handle, size)
+
+    def _watch_opened(
+        self, dirname: str, dir_fd: int, cache_name: str, handle: RegionHandle
+    ) -> None:
+        """Watch the directory a handle was just opened in, if the cap allows.  Kept only if,
+        once the watch exists, the name still leads to the file opened (else whatever
+        changed before the watch saw it is for the next tick's ``lstat``)."""
+        if self._watch.can_add():
+            st = self._watch_at(dirname, dir_fd, cache_name)
+            if st is not None and handle.matches(st):
+                return
+            self._watch.remove(dirname)
+        self._unwatched += 1
 
     # -- feedback writes -------------------------------------------------------------------
 
@@ -741,5 +854,6 @@ class ContainerLister:
     def close(self) -> None:
         """Close every handle and the current removal's descriptors (the view stays readable;
         an unfinished removal resumes with the next :meth:`serve_removals`)."""
+        self._watch.close()  # every watch at once, before the handles
         self._forget(set())
         self._stop_removal()

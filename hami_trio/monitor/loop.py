@@ -39,6 +39,7 @@ from hami_trio.monitor.layout import RejectReason
 from hami_trio.monitor.lister import ContainerKey, ContainerLister, ContainerState
 from hami_trio.monitor.liveness import in_host_pid_namespace, live_pids, pid_alive
 from hami_trio.monitor.snapshot import UsageSnapshot
+from hami_trio.monitor.watch import WATCH_FALLBACKS
 from hami_trio.pods.source import PodSource
 
 __all__ = [
@@ -390,6 +391,28 @@ class _SelfMetrics:
             "Ticks that listed /proc once instead (more than 256 distinct host PIDs).",
             registry=registry,
         )
+        self.watched = Gauge(
+            "hami_trio_monitor_watched_directories",
+            "Container directories watched with inotify (a quiet one is read without an "
+            "lstat of its .cache file), as of the latest tick.",
+            registry=registry,
+        )
+        self.unwatched = Gauge(
+            "hami_trio_monitor_unwatched_directories",
+            "Containers of the latest tick with an open .cache file but no inotify watch "
+            "(watch cap, fs.inotify.max_user_watches used up, or no inotify): checked with "
+            "lstat every tick.",
+            registry=registry,
+        )
+        self.watch_fallbacks = Counter(
+            "hami_trio_monitor_watch_fallbacks_total",
+            "Ticks on which no container directory could rely on its inotify watch, so every "
+            "one was checked with lstat, by reason (overflow, flood, error, root).",
+            ["reason"],
+            registry=registry,
+        )
+        for watch_reason in WATCH_FALLBACKS:
+            self.watch_fallbacks.labels(reason=watch_reason)
 
 
 class _LockWatch:
@@ -504,6 +527,7 @@ class Monitor:
             on_reject=lambda reason: self._metrics.rejected.labels(reason=reason).inc(),
             wall_clock=wall_clock,
             on_removal=lambda outcome: self._metrics.removals.labels(outcome=outcome).inc(),
+            on_watch_fallback=lambda why: self._metrics.watch_fallbacks.labels(reason=why).inc(),
         )
         self._watch = _LockWatch(config.mig_lock_path, self._lock_changed)
         self._explainer = _explainer(config, self._lister)
@@ -630,6 +654,8 @@ class Monitor:
         """
         started = time.perf_counter()
         view = await self._lister.update()
+        self._metrics.watched.set(self._lister.watched_directories)
+        self._metrics.unwatched.set(self._lister.unwatched_directories)
         snapshots: dict[ContainerKey, UsageSnapshot] = {
             key: state.snapshot for key, state in view.items() if state.snapshot is not None
         }

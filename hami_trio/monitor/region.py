@@ -7,7 +7,9 @@ mapping (a truncated file cannot SIGBUS the agent): the pure
 :class:`~hami_trio.monitor.snapshot.RegionDecoder` names the byte ranges, this module
 ``pread``s them and refuses a short read, and the two control words are written with one
 4-byte ``pwrite`` each, only while the file still has the size the snapshot was read at.
-The lister checks the file's identity every tick.  Every failure is a
+The lister checks the file's identity (by ``lstat``, or by inotify on its directory); when it
+has no fresh size to give, :meth:`RegionHandle.read_probed` checks the size in the first
+``pread`` itself, by reading one byte past the last known end.  Every failure is a
 :class:`~hami_trio.errors.CacheFileRejected` with a reason token.  docs/monitor.md (How one
 region is read, Tenant threat model).
 """
@@ -31,7 +33,12 @@ from hami_trio.monitor.snapshot import (
     sum_rows_without,
 )
 
-__all__ = ["RegionHandle", "read_region_file", "read_totals_without"]
+__all__ = ["PROBE_SLACK", "RegionHandle", "read_region_file", "read_totals_without"]
+
+#: How far the last known end of a file may lie past the end of the first range read for
+#: :meth:`RegionHandle.read_probed` to check the size in that same ``pread``.  Real files end
+#: 33 (v1) or 1 (v0) bytes past their tail range; a few KiB bounds what one probe reads.
+PROBE_SLACK = 4096
 
 _I32 = struct.Struct("<i")
 _RECENT_KERNEL = ControlField.RECENT_KERNEL
@@ -88,6 +95,9 @@ class RegionHandle:
         #: Bytes the latest :meth:`read` asked ``pread`` for (what the lister's work
         #: accounting charges for it: parsing is proportional to the bytes read).
         self.read_bytes = 0
+        # The size the latest read started from, when its first range ends within
+        # PROBE_SLACK of it (so the next read_probed can check it in that pread); else None.
+        self._probe_size: int | None = None
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -209,18 +219,58 @@ class RegionHandle:
         if size is None:
             size = self.size()
         self.read_bytes = 0
+        return self._named(size, probe=False)
+
+    def read_probed(self) -> UsageSnapshot:
+        """:meth:`read` at the size the file had last time, checked by the first ``pread``.
+
+        That ``pread`` runs from the first range's offset through one byte past the last
+        known end: exactly the bytes up to that end mean the size is unchanged; one more,
+        that the file grew; fewer, that it shrank.  A changed size is asked with ``fstat``
+        and the file decoded afresh, as :meth:`read` would.  Without a last size (no read
+        yet, or one whose first range ends far from the end of the file) this is
+        ``read(None)``.  Only the size is checked: the caller knows by other means that the
+        name still denotes this file.
+
+        Raises:
+            CacheFileRejected: as :meth:`read`.
+        """
+        size = self._probe_size
+        if size is None:
+            return self.read()
+        self.read_bytes = 0
+        return self._named(size, probe=True)
+
+    def _named(self, size: int, *, probe: bool) -> UsageSnapshot:
         try:
-            return self._read(size)
+            return self._read(size, probe)
         except CacheFileRejected as exc:
             if str(exc).startswith(self.display):
                 raise
             raise CacheFileRejected(exc.reason, f"{self.display}: {exc}") from None
 
-    def _read(self, size: int) -> UsageSnapshot:
+    def _read(self, size: int, probe: bool) -> UsageSnapshot:
         # The decoder says which ranges to read (the tail, then the head up to the live
         # slots); every pread is checked to have returned the whole range.
         decoder, fd = self._decoder, self._fd
+        self._probe_size = None
         offset, length = decoder.start(size)
+        if offset + length >= size - PROBE_SLACK:
+            self._probe_size = size
+            if probe:
+                want = size - offset + 1
+                self.read_bytes += want
+                try:
+                    data = os.pread(fd, want, offset)
+                except OSError as exc:
+                    raise _io_rejection(self.display, "read", exc) from exc
+                if len(data) != want - 1:
+                    # Grown or shrunk since: decode afresh at the size it has now.
+                    return self._read(self.size(), False)
+                step = decoder.feed(data[:length])
+                if not isinstance(step, tuple):
+                    return step
+                offset, length = step
         while True:
             self.read_bytes += length
             try:
