@@ -529,6 +529,15 @@ def _slot_fields(
     return tuple(itertools.chain.from_iterable(slot_struct(layout, device_count).iter_unpack(body)))
 
 
+def _slots_key(flat: tuple[int, ...]) -> tuple[int, int]:
+    """What the decoder keeps of the slots' fields to tell a change: their tuple hash and
+    their plain sum.  An int hashes to itself modulo 2**61 - 1, so two u64 values that far
+    apart hash alike; the sum tells them apart, so a change the key misses must move two
+    fields by multiples of 2**61 - 1 that cancel out - a tenant's own doing (it can write any
+    values into its own slots anyway), never an accident of real counters."""
+    return hash(flat), sum(flat)
+
+
 def _flat_totals(flat: tuple[int, ...], device_count: int) -> _Totals:
     """What the slots of :func:`_slot_fields` add up to (see :func:`_sum_fields`): each
     column is a slice of the flat tuple, summed in C; no tuple per slot."""
@@ -610,7 +619,7 @@ class _Decoded:
         head_size: int,
         layout: Layout,
         static: StaticInfo,
-        slots_key: int,
+        slots_key: tuple[int, int],
         totals: _Totals,
         devices: tuple[DeviceUsage, ...],
         snapshot: UsageSnapshot,
@@ -744,7 +753,7 @@ class RegionDecoder:
             static = decoded.static
             count = static.device_count
             flat = _slot_fields(layout, head, clamp_proc_num(values[0]), count)
-            key = hash(flat)
+            key = _slots_key(flat)
             renew = tail != decoded.tail
             if key != decoded.slots_key:
                 decoded.slots_key = key
@@ -781,7 +790,7 @@ class RegionDecoder:
             len(head),
             layout,
             static,
-            hash(flat),
+            _slots_key(flat),
             totals,
             devices,
             snapshot,

@@ -274,6 +274,18 @@ def test_many_live_slots_are_re_summed_not_kept() -> None:
     assert changed.devices[0].memory_total == 1023 << 20
 
 
+def test_values_that_hash_alike_are_still_told_apart() -> None:
+    # An int hashes to itself modulo 2**61 - 1, so the slot fields' tuple hash alone would
+    # miss a counter that moved by exactly that much; the decoder keeps their sum as well.
+    step = (1 << 61) - 1
+    decoder = RegionDecoder()
+    for total in (5, 5 + step, 5 + 2 * step, 5):
+        slot = ProcSlot(pid=1, used=[MemoryUse(total=total)])
+        got = decode(decoder, region(procs=[slot]))
+        assert got.devices[0].memory_total == total
+        assert got == parse_region(region(procs=[slot]))
+
+
 def test_sums_wrap_at_64_bits_and_a_dead_slot_between_live_ones_is_left_out() -> None:
     decoder = RegionDecoder()
     decode(decoder, region())
@@ -290,8 +302,9 @@ def test_sums_wrap_at_64_bits_and_a_dead_slot_between_live_ones_is_left_out() ->
 
 
 def test_the_fast_constructors_build_what_the_classes_build() -> None:
-    # The decoder builds its objects through the slot descriptors; they must be the very
-    # objects the dataclass constructors make: equal, hashable alike, frozen, all fields.
+    # The decoder builds its objects through a twin class (then switches their class); they
+    # must be the very objects the dataclass constructors make: equal, hashable alike,
+    # frozen, all fields.
     snapshot = parse_region(region())
     for cls, make, obj in (
         (UsageSnapshot, _new_usage_snapshot, snapshot),
