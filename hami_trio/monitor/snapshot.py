@@ -292,20 +292,39 @@ def slot_struct(layout: Layout, device_count: int) -> struct.Struct:
 
 def _build_slot_struct(layout: Layout, device_count: int) -> struct.Struct:
     picks: list[tuple[int, str]] = [(layout.slot_pid, "i"), (layout.slot_hostpid, "i")]
-    for d in range(device_count):
-        base = layout.slot_used + d * layout.used_stride
-        picks += [(base + off, "Q") for off in USED_FIELDS.values()]
-    for d in range(device_count):
-        picks.append((layout.slot_util + d * layout.util_stride + UTIL_FIELDS["sm_util"], "Q"))
+    picks += _memory_picks(layout, device_count)
+    picks += _sm_picks(layout, device_count)
     picks.append((layout.slot_status, "i"))
-    fmt, pos = "<", 0
+    return struct.Struct("<" + _slot_format(layout, picks))
+
+
+def _memory_picks(layout: Layout, device_count: int) -> list[tuple[int, str]]:
+    """The five ``used`` words (context, module, data, offset, total) of each device."""
+    return [
+        (layout.slot_used + d * layout.used_stride + offset, "Q")
+        for d in range(device_count)
+        for offset in USED_FIELDS.values()
+    ]
+
+
+def _sm_picks(layout: Layout, device_count: int) -> list[tuple[int, str]]:
+    """The ``sm_util`` word of each device."""
+    return [
+        (layout.slot_util + d * layout.util_stride + UTIL_FIELDS["sm_util"], "Q")
+        for d in range(device_count)
+    ]
+
+
+def _slot_format(layout: Layout, picks: list[tuple[int, str]]) -> str:
+    """A ``struct`` format (no byte-order prefix) spanning exactly one slot that reads the
+    ``(offset, code)`` picks, which must be in ascending order, and skips the rest."""
+    fmt, pos = "", 0
     for offset, code in picks:
         if offset < pos:  # pragma: no cover - the layouts put these in ascending order
             raise AssertionError(f"{layout.name} slot fields out of order at {offset}")
         fmt += f"{offset - pos}x{code}" if offset > pos else code
         pos = offset + struct.calcsize(code)
-    fmt += f"{layout.slot_size - pos}x"
-    return struct.Struct(fmt)
+    return fmt + f"{layout.slot_size - pos}x"
 
 
 def slot_rows(
@@ -510,27 +529,52 @@ FLAT_STRUCTS = 64
 
 
 @functools.lru_cache(maxsize=FLAT_STRUCTS)
-def _flat_struct(fmt: Format, device_count: int, slots: int) -> struct.Struct:
-    """One ``struct`` over ``slots`` consecutive slots: :func:`slot_struct`'s fields, slot
-    after slot, so one ``unpack_from`` gives them all."""
-    one = slot_struct(LAYOUTS[fmt], device_count).format.lstrip("<")
-    return struct.Struct("<" + one * slots)
+def _flat_structs(fmt: Format, device_count: int, slots: int) -> tuple[struct.Struct, ...]:
+    """The two ``struct`` s of :func:`_slot_fields` over ``slots`` consecutive slots (one
+    slot's picks repeated ``slots`` times), so one ``unpack_from`` each gives them all."""
+    return tuple(struct.Struct("<" + one * slots) for one in _part_formats(fmt, device_count))
+
+
+@functools.lru_cache(maxsize=2 * (MAX_DEVICES + 1))
+def _part_formats(fmt: Format, device_count: int) -> tuple[str, str]:
+    """One slot's formats: the memory words of every device; pid, hostpid, ``sm_util`` of
+    every device and status."""
+    layout = LAYOUTS[fmt]
+    other = [(layout.slot_pid, "i"), (layout.slot_hostpid, "i")]
+    other += _sm_picks(layout, device_count)
+    other.append((layout.slot_status, "i"))
+    return (
+        _slot_format(layout, _memory_picks(layout, device_count)),
+        _slot_format(layout, other),
+    )
+
+
+_Fields = tuple[tuple[int, ...], tuple[int, ...]]
 
 
 def _slot_fields(
     layout: Layout, head: bytes | bytearray | memoryview, slots: int, device_count: int
-) -> tuple[int, ...]:
-    """:func:`slot_struct`'s fields of slots ``[0, slots)`` of ``head``, slot after slot, in
-    one flat tuple: one ``struct`` call for a few slots (the usual case), ``iter_unpack``
-    for many."""
+) -> _Fields:
+    """The fields the monitor uses from slots ``[0, slots)`` of ``head``, in two flat tuples,
+    slot after slot: the memory words (``5 * device_count`` per slot: context, module, data,
+    offset, total of each device) and the rest (``3 + device_count`` per slot: pid, hostpid,
+    ``sm_util`` of each device, status).  Apart because memory moves far less often than
+    utilisation: unchanged memory words keep their sums.  One ``struct`` call each for a few
+    slots (the usual case), ``iter_unpack`` for many."""
     if slots * (3 + 6 * device_count) <= FLAT_FIELDS:
-        return _flat_struct(layout.format, device_count, slots).unpack_from(head, layout.procs)
+        memory, other = _flat_structs(layout.format, device_count, slots)
+        return memory.unpack_from(head, layout.procs), other.unpack_from(head, layout.procs)
     body = memoryview(head)[layout.procs : layout.body_size(slots)]
-    return tuple(itertools.chain.from_iterable(slot_struct(layout, device_count).iter_unpack(body)))
+    chain = itertools.chain.from_iterable
+    memory_format, other_format = _part_formats(layout.format, device_count)
+    return (
+        tuple(chain(struct.Struct("<" + memory_format).iter_unpack(body))),
+        tuple(chain(struct.Struct("<" + other_format).iter_unpack(body))),
+    )
 
 
 def _slots_key(flat: tuple[int, ...]) -> tuple[int, int]:
-    """What the decoder keeps of the slots' fields to tell a change: their tuple hash and
+    """What the decoder keeps of some slot fields to tell a change: their tuple hash and
     their plain sum.  An int hashes to itself modulo 2**61 - 1, so two u64 values that far
     apart hash alike; the sum tells them apart, so a change the key misses must move two
     fields by multiples of 2**61 - 1 that cancel out - a tenant's own doing (it can write any
@@ -538,34 +582,58 @@ def _slots_key(flat: tuple[int, ...]) -> tuple[int, int]:
     return hash(flat), sum(flat)
 
 
-def _flat_totals(flat: tuple[int, ...], device_count: int) -> _Totals:
+#: The memory part of a region's totals: the memory sums (5 per device) and, per device,
+#: whether some live slot has no memory on it.  Reused while the memory words are unchanged
+#: and every slot is live.
+_MemoryTotals = tuple[tuple[int, ...], tuple[bool, ...]]
+
+
+def _flat_totals(
+    fields: _Fields, device_count: int, memory_totals: _MemoryTotals | None = None
+) -> tuple[_Totals, _MemoryTotals | None]:
     """What the slots of :func:`_slot_fields` add up to (see :func:`_sum_fields`): each
-    column is a slice of the flat tuple, summed in C; no tuple per slot."""
-    fields = 3 + 6 * device_count
-    status = flat[fields - 1 :: fields]
+    column is a slice of a flat tuple, summed in C; no tuple per slot.
+
+    ``memory_totals`` are those of the same memory words when the caller knows them
+    unchanged (used only while every slot is live).  Returns the totals and the memory part
+    to keep (None when some slot is not live: it depends on which)."""
+    memory, other = fields
+    width, words = 3 + device_count, 5 * device_count
+    status = other[width - 1 :: width]
     if 0 in status:  # exited slots between live ones: leave them out
-        flat = tuple(
-            itertools.chain.from_iterable(
-                [flat[i * fields : (i + 1) * fields] for i, word in enumerate(status) if word]
-            )
-        )
-    live = len(flat) // fields
+        live_slots = [i for i, word in enumerate(status) if word]
+        chain = itertools.chain.from_iterable
+        other = tuple(chain([other[i * width : (i + 1) * width] for i in live_slots]))
+        memory = tuple(chain([memory[i * words : (i + 1) * words] for i in live_slots]))
+        memory_totals = None
+        keep = False
+    else:
+        keep = True
+    live = len(other) // width
     if not live:
-        return (0,) * (6 * device_count), 0, (), (), (0,) * device_count
-    sums = tuple([sum(flat[k::fields]) for k in range(2, fields - 1)])
-    if max(sums, default=0) > _MASK64:
-        sums = tuple([value & _MASK64 for value in sums])
-    sm_base = 2 + 5 * device_count
-    busy = []
-    for d in range(device_count):
-        totals = flat[6 + 5 * d :: fields]
-        busy.append(
-            # a device every live slot has memory on is used by all of them (the usual case)
+        return ((0,) * (6 * device_count), 0, (), (), (0,) * device_count), None
+    if memory_totals is None:
+        sums = tuple([sum(memory[k::words]) for k in range(words)])
+        if max(sums, default=0) > _MASK64:
+            sums = tuple([value & _MASK64 for value in sums])
+        # a device every live slot has memory on is used by all of them (the usual case)
+        idle = tuple([0 in memory[5 * d + 4 :: words] for d in range(device_count)])
+        memory_totals = (sums, idle)
+    sums, idle = memory_totals
+    sm = tuple([sum(other[2 + d :: width]) for d in range(device_count)])
+    if max(sm, default=0) > _MASK64:
+        sm = tuple([value & _MASK64 for value in sm])
+    busy = tuple(
+        [
             live
-            if 0 not in totals
-            else live - list(map(operator.or_, totals, flat[sm_base + d :: fields])).count(0)
-        )
-    return sums, live, flat[0::fields], flat[1::fields], tuple(busy)
+            if not idle[d]
+            else live
+            - list(map(operator.or_, memory[5 * d + 4 :: words], other[2 + d :: width])).count(0)
+            for d in range(device_count)
+        ]
+    )
+    totals = (sums + sm, live, other[0::width], other[1::width], busy)
+    return totals, memory_totals if keep else None
 
 
 def _devices(sums: tuple[int, ...], static: StaticInfo) -> tuple[DeviceUsage, ...]:
@@ -599,9 +667,11 @@ class _Decoded:
         "devices",
         "head_size",
         "layout",
+        "memory_key",
+        "memory_totals",
+        "other_key",
         "prefix",
         "size",
-        "slots_key",
         "snapshot",
         "static",
         "tail",
@@ -619,7 +689,8 @@ class _Decoded:
         head_size: int,
         layout: Layout,
         static: StaticInfo,
-        slots_key: tuple[int, int],
+        keys: tuple[tuple[int, int], tuple[int, int]],
+        memory_totals: _MemoryTotals | None,
         totals: _Totals,
         devices: tuple[DeviceUsage, ...],
         snapshot: UsageSnapshot,
@@ -631,7 +702,8 @@ class _Decoded:
         self.head_size = head_size
         self.layout = layout
         self.static = static
-        self.slots_key = slots_key
+        self.memory_key, self.other_key = keys
+        self.memory_totals = memory_totals
         self.totals = totals
         self.devices = devices
         self.snapshot = snapshot
@@ -752,12 +824,13 @@ class RegionDecoder:
             # exactly the live slots long.
             static = decoded.static
             count = static.device_count
-            flat = _slot_fields(layout, head, clamp_proc_num(values[0]), count)
-            key = _slots_key(flat)
+            fields = _slot_fields(layout, head, clamp_proc_num(values[0]), count)
+            memory_key, other_key = _slots_key(fields[0]), _slots_key(fields[1])
             renew = tail != decoded.tail
-            if key != decoded.slots_key:
-                decoded.slots_key = key
-                totals = _flat_totals(flat, count)
+            if memory_key != decoded.memory_key or other_key != decoded.other_key:
+                kept = decoded.memory_totals if memory_key == decoded.memory_key else None
+                decoded.memory_key, decoded.other_key = memory_key, other_key
+                totals, decoded.memory_totals = _flat_totals(fields, count, kept)
                 if totals != decoded.totals:
                     if totals[0] != decoded.totals[0]:
                         decoded.devices = _devices(totals[0], static)
@@ -777,8 +850,8 @@ class RegionDecoder:
         static = parse_static(layout, head)
         if decoded is not None and decoded.static == static:
             static = decoded.static  # keep the objects (and identities) the view already has
-        flat = _slot_fields(layout, head, slots, static.device_count)
-        totals = _flat_totals(flat, static.device_count)
+        fields = _slot_fields(layout, head, slots, static.device_count)
+        totals, memory_totals = _flat_totals(fields, static.device_count)
         devices = _devices(totals[0], static)
         version = _version(layout, head)
         snapshot = _new_snapshot(layout, size, version, values, static, devices, totals)
@@ -790,7 +863,8 @@ class RegionDecoder:
             len(head),
             layout,
             static,
-            _slots_key(flat),
+            (_slots_key(fields[0]), _slots_key(fields[1])),
+            memory_totals,
             totals,
             devices,
             snapshot,

@@ -274,6 +274,35 @@ def test_many_live_slots_are_re_summed_not_kept() -> None:
     assert changed.devices[0].memory_total == 1023 << 20
 
 
+def test_memory_sums_are_reused_only_while_memory_words_and_live_slots_are_the_same() -> None:
+    # Memory and the other slot fields are told apart: an SM utilisation change alone keeps
+    # the memory sums; a slot that exits or comes back, or a memory word, sums afresh.
+    def slots(sm: int, status: int = 1, total: int = 100) -> list[ProcSlot]:
+        return [
+            ProcSlot(pid=1, used=[MemoryUse(total=10), MemoryUse(total=20)]),
+            ProcSlot(
+                pid=2, status=status, used=[MemoryUse(total=total)], util=[UtilUse(sm_util=sm)]
+            ),
+            ProcSlot(pid=3, used=[MemoryUse(), MemoryUse(total=1)], util=[UtilUse(sm_util=1)]),
+        ]
+
+    decoder = RegionDecoder()
+    for procs in (
+        slots(5),
+        slots(6),  # utilisation only
+        slots(6, status=0),  # slot 2 exits: its memory leaves the sums
+        slots(7, status=0),
+        slots(7),  # back
+        slots(7, total=300),  # memory
+        slots(8, total=300),
+    ):
+        data = region(procs=procs)
+        got = decode(decoder, data)
+        assert got == parse_region(data)
+    assert [d.memory_total for d in got.devices] == [310, 21]
+    assert (got.devices[0].sm_util, got.device_processes) == (9, (3, 2))
+
+
 def test_values_that_hash_alike_are_still_told_apart() -> None:
     # An int hashes to itself modulo 2**61 - 1, so the slot fields' tuple hash alone would
     # miss a counter that moved by exactly that much; the decoder keeps their sum as well.
