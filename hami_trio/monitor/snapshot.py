@@ -61,6 +61,10 @@ _LIMITS = struct.Struct(f"<{MAX_DEVICES}Q")
 _TAIL_V0 = struct.Struct("<iiii")
 _TAIL_V1 = struct.Struct("<iiiiQ")
 _MASK64 = (1 << 64) - 1
+#: What the decoder compares of a region's first bytes: magic, major and minor (v1); the
+#: magic alone in v0, whose next words are the lock's (``sm_init_flag``, ``owner_pid``).
+_HEADER_KEPT = HEADER_SIZE
+_MAGIC_SIZE = 4
 _LABEL_BYTES = 40  # HAMi's metrics label uses the first 40 bytes of the UUID
 
 
@@ -666,14 +670,15 @@ class _Decoded:
     __slots__ = (
         "devices",
         "head_size",
+        "header",
         "layout",
         "memory_key",
         "memory_totals",
         "other_key",
-        "prefix",
         "size",
         "snapshot",
         "static",
+        "static_bytes",
         "tail",
         "totals",
         "values",
@@ -683,7 +688,8 @@ class _Decoded:
     def __init__(
         self,
         size: int,
-        prefix: bytes,
+        header: bytes,
+        static_bytes: bytes,
         tail: bytes,
         values: tuple[int, int, int, int, int],
         head_size: int,
@@ -696,7 +702,8 @@ class _Decoded:
         snapshot: UsageSnapshot,
     ) -> None:
         self.size = size
-        self.prefix = prefix
+        self.header = header
+        self.static_bytes = static_bytes
         self.tail = tail
         self.values = values
         self.head_size = head_size
@@ -726,13 +733,15 @@ class RegionDecoder:
     cannot read in full ends that decode (the caller raises); the next :meth:`start` begins
     afresh.
 
-    Change detection is inside: the decoder keeps the header/static prefix of the head
-    (~1.8 KB), the tail and what the live slots added up to (sums, PIDs, processes per
-    device) - not the slots or the head.  When size and prefix are unchanged only the slots
-    are unpacked and summed again (for a few slots, one ``struct`` call and a slice per
-    column); equal totals keep the snapshot's slot part, equal sums the device objects.
-    The snapshot is the same object as last time when nothing it holds changed, and only the
-    tail is decoded anew when only the tail moved.
+    Change detection is inside: the decoder keeps the magic, the version and the static part
+    of the head (``num``, UUIDs, limits: ~1.8 KB; not the lock words HAMi-core's processes
+    rewrite all the time), the tail, and a key of the live slots' fields with what they
+    added up to (sums, PIDs, processes per device) - not the slots or the head.  While the
+    size, header and static part are unchanged only the slots are unpacked again (for a few
+    slots, one ``struct`` call per part) and summed where their key changed, memory apart
+    from the rest; equal totals keep the snapshot's slot part, equal sums the device
+    objects.  The snapshot is the same object as last time when nothing it holds changed,
+    and only the tail is decoded anew when only the tail moved.
     """
 
     __slots__ = ("_decoded", "_layout", "_pending", "_size", "_tail", "_values", "_want")
@@ -819,9 +828,15 @@ class RegionDecoder:
         self._want = -1
         self._tail = None
         head, size, decoded = data, self._size, self._decoded
-        if decoded is not None and decoded.size == size and head.startswith(decoded.prefix):
-            # The header and static part are the bytes the kept snapshot came from; head is
-            # exactly the live slots long.
+        if (
+            decoded is not None
+            and decoded.size == size
+            and head.startswith(decoded.header)
+            and head.startswith(decoded.static_bytes, layout.num)
+        ):
+            # The magic, the version and the static part are the bytes the kept snapshot
+            # came from (the lock HAMi-core's processes take in between - sem, owner_pid -
+            # may have moved: nothing is read from it); head is exactly the live slots long.
             static = decoded.static
             count = static.device_count
             fields = _slot_fields(layout, head, clamp_proc_num(values[0]), count)
@@ -857,7 +872,8 @@ class RegionDecoder:
         snapshot = _new_snapshot(layout, size, version, values, static, devices, totals)
         self._decoded = _Decoded(
             size,
-            head[: layout.procs],
+            head[: _HEADER_KEPT if layout.has_version else _MAGIC_SIZE],
+            head[layout.num : layout.procs],
             tail,
             values,
             len(head),

@@ -303,6 +303,22 @@ def test_memory_sums_are_reused_only_while_memory_words_and_live_slots_are_the_s
     assert (got.devices[0].sm_util, got.device_processes) == (9, (3, 2))
 
 
+@pytest.mark.parametrize("fmt", list(Format))
+def test_the_lock_words_between_header_and_static_part_are_not_a_change(fmt: Format) -> None:
+    # HAMi-core's processes take the region's lock (sem, owner_pid, sm_init_flag next to it)
+    # all the time; nothing is read from it, so it must not cost a fresh decode.
+    layout = LAYOUTS[fmt]
+    data = region(format=fmt, last_kernel_time=0)
+    decoder = RegionDecoder()
+    first = decode(decoder, data)
+    lock = range(12 if layout.has_version else 4, layout.num)
+    for offset in lock:
+        data[offset] ^= 0xFF
+    assert decode(decoder, data) is first
+    data[layout.num] ^= 1  # num is read: a change
+    assert decode(decoder, data) == parse_region(data) != first
+
+
 def test_values_that_hash_alike_are_still_told_apart() -> None:
     # An int hashes to itself modulo 2**61 - 1, so the slot fields' tuple hash alone would
     # miss a counter that moved by exactly that much; the decoder keeps their sum as well.
