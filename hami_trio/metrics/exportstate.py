@@ -110,9 +110,22 @@ class ExportDecision(NamedTuple):
 
 
 def _quote(text: str) -> str:
-    """Tenant text for a reason: short, and printable whatever it holds."""
-    shown = text if len(text) <= _MAX_QUOTED else text[:_MAX_QUOTED] + "..."
-    return ascii(shown)
+    """Tenant text for a reason: short, and printable whatever it holds.
+
+    Cut to :data:`_MAX_QUOTED` characters as written out: an escape (``\\U00010000``) is
+    up to ten characters for one, so the text is cut again after escaping, never inside
+    an escape."""
+    shown = ascii(text[:_MAX_QUOTED])
+    if len(shown) <= _MAX_QUOTED + 2 and len(text) <= _MAX_QUOTED:
+        return shown
+    cut, size = [], 0
+    for char in text[:_MAX_QUOTED]:
+        escaped = "\\'" if char == "'" else ascii(char)[1:-1]
+        if size + len(escaped) > _MAX_QUOTED:
+            break
+        cut.append(escaped)
+        size += len(escaped)
+    return "'" + "".join(cut) + "...'"
 
 
 def _pod_name(pod: PodInfo) -> str:
