@@ -19,10 +19,10 @@ worker thread, with the same limits and deadlines and no registry (docs/debug.md
 from __future__ import annotations
 
 import errno
-import gzip
 import logging
 import socket
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -221,15 +221,24 @@ def render_metrics(registry: CollectorRegistry, accept: str, names: list[str]) -
     Returns:
         The body and its content type.
     """
+    pieces, content_type = render_pieces(registry, accept, names)
+    # Bytes all the way: the kept per-container lines are UTF-8 already.
+    return b"".join(pieces), content_type
+
+
+def render_pieces(
+    registry: CollectorRegistry, accept: str, names: list[str]
+) -> tuple[list[bytes], str]:
+    """:func:`render_metrics` in the pieces that join to its body: a self-rendering family's
+    kept lines are handed over as they are, not copied (the endpoint sends them in parts and
+    never holds the 4.5 MB of an N=1000 body whole)."""
     encoder, content_type = choose_encoder(accept)
     if names:
-        return encoder(registry.restricted_registry(names)), content_type
+        return [encoder(registry.restricted_registry(names))], content_type
     openmetrics = content_type.startswith("application/openmetrics-text")
     parts: list[bytes] = []
     for family in registry.collect():
         if getattr(family, "pieces", None) is not None:
-            # One join for the whole body: a family's kept lines are not copied into a text
-            # of their own first (at N=1000 that was 4.5 MB more at the scrape's peak).
             parts.extend(cast(SelfRendering, family).pieces(openmetrics))
             continue
         text = encoder(cast(Collector, _OneFamily(family)))
@@ -238,20 +247,45 @@ def render_metrics(registry: CollectorRegistry, accept: str, names: list[str]) -
         parts.append(text)
     if openmetrics:
         parts.append(_EOF)
-    # Bytes all the way: the kept per-container lines are UTF-8 already.
-    return b"".join(parts), content_type
+    return parts, content_type
+
+
+#: Bytes of the body the endpoint sends in one part (and compresses in one call).
+_PART: Final = 65536
+
+
+def _coalesce(pieces: list[bytes], size: int = _PART) -> Iterator[bytes]:
+    """``pieces`` joined into runs of about ``size`` bytes (one piece longer than that on its
+    own): what is sent or compressed at once, so no more than about one run is copied."""
+    run: list[bytes] = []
+    length = 0
+    for piece in pieces:
+        run.append(piece)
+        length += len(piece)
+        if length >= size:
+            yield b"".join(run)
+            run, length = [], 0
+    if run:
+        yield b"".join(run)
 
 
 def _render(
     registry: CollectorRegistry, accept: str, encoding: str, names: list[str]
-) -> tuple[bytes, list[tuple[bytes, bytes]]]:
-    """Render the registry (runs in a worker thread)."""
-    body, content_type = render_metrics(registry, accept, names)
+) -> tuple[list[bytes], list[tuple[bytes, bytes]]]:
+    """Render the registry (runs in a worker thread): the body's pieces and the headers.
+
+    A compressed body is compressed here, run by run (the whole text is never joined); a
+    plain one comes back in its pieces, which the endpoint sends in runs."""
+    pieces, content_type = render_pieces(registry, accept, names)
     headers = [(b"content-type", content_type.encode())]
     if gzip_accepted(encoding):
-        body = gzip.compress(body, compresslevel=1)  # fast: scrapes are frequent and local
+        # fast (level 1): scrapes are frequent and local; the gzip container, as gzip.compress
+        compressor = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+        out = [compressor.compress(run) for run in _coalesce(pieces)]
+        out.append(compressor.flush())
+        pieces = [b"".join(out)]
         headers.append((b"content-encoding", b"gzip"))
-    return body, headers
+    return pieces, headers
 
 
 def progress_check(
@@ -332,7 +366,7 @@ def make_app(
         }
         params = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         try:
-            body, headers = await trio.to_thread.run_sync(
+            pieces, headers = await trio.to_thread.run_sync(
                 _render,
                 registry,
                 request_headers.get("accept", ""),
@@ -345,7 +379,16 @@ def make_app(
             _log.exception("rendering /metrics failed")
             await respond(send, 500, b"internal error while collecting metrics\n", head=head)
             return
-        await respond(send, 200, body, headers, head=head)
+        length = sum(map(len, pieces))
+        if head or length <= _PART:
+            await respond(send, 200, b"".join(pieces), headers, head=head)
+            return
+        # In runs, each sent before the next is joined: the body is never held whole.
+        headers.append((b"content-length", str(length).encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for run in _coalesce(pieces):
+            await send({"type": "http.response.body", "body": run, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def readyz(send: _Send, head: bool) -> None:
         lines = []
@@ -673,7 +716,14 @@ class _Server:
         request: h11.Request,
         connection: _Connection,
     ) -> bool:
-        """Run the application for ``request`` and send its answer; False: close now."""
+        """Run the application for ``request`` and send its answer; False: close now.
+
+        An answer in one body message is sent when the application is done (a 500 if it
+        failed before answering).  One in several (``more_body``) goes out as it comes: the
+        head with the first part, each part as soon as it is given, so a large answer is
+        never held whole (``/metrics`` at N=1000 is 4.5 MB).  An application that fails
+        after its head went out ends the connection.
+        """
         has_body = any(
             (name == b"content-length" and value.strip() != b"0") or name == b"transfer-encoding"
             for name, value in request.headers
@@ -682,31 +732,24 @@ class _Server:
             end = conn.next_event()  # a bodiless request's end comes with its head
             if not isinstance(end, h11.EndOfMessage):
                 return False
-        connection.rendering = True
+        reply = _Reply(self.stats, conn, stream, connection, close=has_body)
         try:
-            status, headers, body = await self._call_app(stream, request)
+            connection.rendering = True
+            try:
+                await self._call_app(request, reply)
+            finally:
+                connection.rendering = False
+            if reply.streaming:
+                if not reply.ended:  # the application stopped half-way: the answer is cut
+                    return False
+            else:
+                await reply.send_whole()
         finally:
-            connection.rendering = False
-        if has_body:  # the body is never read: answer, then close
-            headers.append((b"connection", b"close"))
-        self.stats.held_bytes += len(body)
-        try:
-            head = conn.send(h11.Response(status_code=status, headers=headers))
-            if len(body) <= _SMALL_BODY:  # one segment for the small answers
-                await stream.send_all(head + conn.send(h11.Data(data=body)))
-            else:  # passthrough: a large body goes out without a copy
-                await stream.send_all(head)
-                for chunk in conn.send_with_data_passthrough(h11.Data(data=body)) or ():
-                    await stream.send_all(chunk)
-            await stream.send_all(conn.send(h11.EndOfMessage()))
-        finally:
-            self.stats.held_bytes -= len(body)
+            reply.release()
         return not has_body
 
-    async def _call_app(
-        self, stream: trio.abc.Stream, request: h11.Request
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        """The ASGI application's answer to ``request``: status, headers, body."""
+    async def _call_app(self, request: h11.Request, reply: _Reply) -> None:
+        """Run the ASGI application for ``request``; its answer goes to ``reply``."""
         target = request.target.decode("latin-1")
         if "://" in target:  # absolute form: keep the path and the query
             target = "/" + target.split("://", 1)[1].partition("/")[2]
@@ -725,32 +768,132 @@ class _Server:
             "client": None,
             "server": None,
         }
-        status = 500
-        headers: list[tuple[bytes, bytes]] = []
-        parts: list[bytes] = []
-        sent = False
 
         async def receive() -> Mapping[str, Any]:
             return {"type": "http.request", "body": b"", "more_body": False}
 
-        async def send(message: Mapping[str, Any]) -> None:
-            nonlocal status, headers, sent
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-                headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", ())]
-                sent = True
-            elif message["type"] == "http.response.body":
-                parts.append(bytes(message.get("body", b"")))
-
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, reply.send)
         except Exception:
             _log.exception("the metrics application failed on %s", raw_path)
-            sent = False
-        if not sent:
-            body = b"internal error\n"
-            return 500, [(b"content-type", _TEXT), (b"content-length", b"15")], body
-        return status, headers, b"".join(parts)
+            reply.failed()
+
+
+class _Reply:
+    """What the application answers to one request, sent as the server's rules say (see
+    :meth:`_Server._answer`): whole at the end, or part by part once it says more parts
+    follow.  ``held_bytes`` counts an answer until it is sent: a whole one while it goes
+    out, a streamed one from its head (its ``content-length``) down as its parts go out."""
+
+    def __init__(
+        self,
+        stats: HttpStats,
+        conn: h11.Connection,
+        stream: trio.abc.Stream,
+        connection: _Connection,
+        *,
+        close: bool,
+    ) -> None:
+        self._stats = stats
+        self._conn = conn
+        self._stream = stream
+        self._connection = connection
+        self._close = close  # the request's body is never read: answer, then close
+        self._held = 0  # what this answer adds to held_bytes now
+        self.status = 500
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.started = False  # the application sent its response start
+        self.parts: list[bytes] = []
+        self.streaming = False  # the head is on the wire
+        self.ended = False
+
+    async def send(self, message: Mapping[str, Any]) -> None:
+        """The ASGI ``send`` callable."""
+        if self.ended:
+            return
+        if message["type"] == "http.response.start":
+            self.status = int(message["status"])
+            self.headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", ())]
+            self.started = True
+        elif message["type"] == "http.response.body":
+            body = bytes(message.get("body", b""))
+            more = bool(message.get("more_body", False))
+            if not self.streaming:
+                if not more:
+                    self.parts.append(body)
+                    return
+                if not self.started:
+                    raise RuntimeError("a response body before its start")
+                self._hold(self._declared())
+                await self._stream.send_all(self._head())
+                self.streaming = True
+                # From here the answer waits on the client: the connection may be the one
+                # closed at the cap, like any other that waits on its client.
+                self._connection.rendering = False
+                parts, self.parts = self.parts, []
+                for part in parts:  # what came before, in one message each
+                    await self._data(part)
+            await self._data(body)
+            if not more:
+                await self._stream.send_all(self._conn.send(h11.EndOfMessage()))
+                self.ended = True
+
+    def failed(self) -> None:
+        """The application raised: a 500 unless its head is on the wire already."""
+        if not self.streaming:
+            self.started = False
+
+    def release(self) -> None:
+        """The answer is sent or abandoned: it no longer counts as held."""
+        self._hold(-self._held)
+
+    def _hold(self, size: int) -> None:
+        self._held += size
+        self._stats.held_bytes += size
+
+    def _declared(self) -> int:
+        for name, value in self.headers:
+            if name.lower() == b"content-length" and value.strip().isdigit():
+                return int(value)
+        return 0
+
+    def _head(self) -> bytes:
+        headers = self.headers
+        if self._close:
+            headers = [*headers, (b"connection", b"close")]
+        return self._conn.send(h11.Response(status_code=self.status, headers=headers))
+
+    async def _data(self, data: bytes) -> None:
+        if not data:
+            return
+        undeclared = len(data) > self._held  # an answer without a (true) content-length
+        if undeclared:
+            self._hold(len(data))
+        if len(data) <= _SMALL_BODY:
+            await self._stream.send_all(self._conn.send(h11.Data(data=data)))
+        else:  # passthrough: a large part goes out without a copy
+            for chunk in self._conn.send_with_data_passthrough(h11.Data(data=data)) or ():
+                await self._stream.send_all(chunk)
+        self._hold(-len(data))
+
+    async def send_whole(self) -> None:
+        """Send an answer that came in one body message (or none: a 500)."""
+        if not self.started:
+            self.status = 500
+            self.headers = [(b"content-type", _TEXT), (b"content-length", b"15")]
+            self.parts = [b"internal error\n"]
+        body = b"".join(self.parts)
+        self.parts = []
+        self._hold(len(body))
+        head = self._head()
+        if len(body) <= _SMALL_BODY:  # one segment for the small answers
+            await self._stream.send_all(head + self._conn.send(h11.Data(data=body)))
+        else:  # passthrough: a large body goes out without a copy
+            await self._stream.send_all(head)
+            for chunk in self._conn.send_with_data_passthrough(h11.Data(data=body)) or ():
+                await self._stream.send_all(chunk)
+        await self._stream.send_all(self._conn.send(h11.EndOfMessage()))
+        self.ended = True
 
 
 _REASONS: Final = {

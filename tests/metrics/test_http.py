@@ -8,12 +8,14 @@ import resource
 import socket
 import threading
 import time
+import tracemalloc
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -33,6 +35,7 @@ from hami_trio.metrics.http import (
     ReadinessCheck,
     Route,
     RouteAnswer,
+    _Server,
     open_listen_socket,
     progress_check,
     serve_http,
@@ -599,3 +602,127 @@ async def test_routes_busy_address_names_what_configured_it(nursery: trio.Nurser
         await nursery.start(
             partial(serve_routes, BindAddress("127.0.0.1", port), {}, name="--test-bind")
         )
+
+
+# --- answers in parts -----------------------------------------------------------------------
+
+
+async def serve_app(nursery: trio.Nursery, app: Any, stats: HttpStats) -> int:
+    """Serve one ASGI ``app`` with the metrics port's server on 127.0.0.1; the port."""
+
+    async def serve(task_status: trio.TaskStatus[int]) -> None:
+        sock = open_listen_socket(parse_bind_address("127.0.0.1:0"))
+        try:
+            sock.listen(16)
+            listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+            async with trio.open_nursery() as inner:
+                inner.start_soon(
+                    _Server(app, HttpLimits(), stats, "test").accept_loop, listener, inner
+                )
+                task_status.started(int(sock.getsockname()[1]))
+        finally:
+            sock.close()
+
+    port: int = await nursery.start(serve)
+    return port
+
+
+def _get_counting(port: int, path: str = "/metrics") -> tuple[bytes, int, bytes]:
+    """GET over a raw socket, reading the answer in pieces and keeping only its head and
+    the first 64 KiB of its body: (head, body bytes received, start of the body)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        head, _, rest = data.partition(b"\r\n\r\n")
+        start, count = rest[:65536], len(rest)
+        while chunk := sock.recv(65536):
+            if len(start) < 65536:
+                start += chunk[: 65536 - len(start)]
+            count += len(chunk)
+    return head, count, start
+
+
+async def test_a_large_answer_goes_out_in_parts_and_is_never_held_whole(
+    nursery: trio.Nursery,
+) -> None:
+    # 40 families of ~25 KiB: /metrics renders them as 40 pieces and sends them in runs of
+    # about 64 KiB; joining them first would hold the whole ~1 MB text once more.
+    registry = CollectorRegistry()
+    for f in range(40):
+        gauge = Gauge(f"test_part_{f}", "one family", ["pod"], registry=registry)
+        for i in range(250):
+            gauge.labels(f"pod-{i:06d}-{'x' * 60}").set(i)
+    stats = HttpStats()
+    port = await start(nursery, registry, stats=stats)
+    whole = (await fetch(port, "/metrics")).body  # also warms the render up
+    assert len(whole) > 900_000
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        head, count, start_of_body = await trio.to_thread.run_sync(_get_counting, port)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert head.startswith(b"HTTP/1.1 200")
+    assert f"content-length: {len(whole)}".encode() in head.lower()
+    assert count == len(whole)
+    assert whole.startswith(start_of_body)
+    # the rendered pieces once (about the body's size) and a run at a time, not twice over
+    assert peak < 1.5 * len(whole), (peak, len(whole))
+    assert stats.held_bytes == 0
+    # gzip (what Prometheus asks for) is compressed run by run: the same text
+    zipped = await fetch(port, "/metrics", headers={"Accept-Encoding": "gzip"})
+    assert zipped.headers["content-encoding"] == "gzip"
+    plain = gzip.decompress(zipped.body).decode()
+    assert [f.name for f in text_string_to_metric_families(plain)] == [
+        f.name for f in text_string_to_metric_families(whole.decode())
+    ]
+    # HEAD: the length of the answer, no body
+    headed = await fetch(port, "/metrics", method="HEAD")
+    assert (headed.status, headed.body) == (200, b"")
+    assert int(headed.headers["content-length"]) == len(whole)
+
+
+async def test_parts_are_sent_as_they_come_and_a_failure_half_way_ends_the_connection(
+    nursery: trio.Nursery,
+) -> None:
+    went_out = trio.Event()
+    fail = [False]
+
+    async def app(scope: Mapping[str, Any], receive: Any, send: Any) -> None:
+        headers = [(b"content-type", b"text/plain"), (b"content-length", b"12")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"first ", "more_body": True})
+        await went_out.wait()  # the client has the first part before the second exists
+        if fail[0]:
+            raise RuntimeError("the application failed half-way")
+        await send({"type": "http.response.body", "body": b"second", "more_body": False})
+
+    stats = HttpStats()
+    port = await serve_app(nursery, app, stats)
+
+    def first_part_then_rest() -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            data = b""
+            while not data.endswith(b"first "):
+                data += sock.recv(4096)
+            trio.from_thread.run_sync(went_out.set)
+            while chunk := sock.recv(4096):
+                data += chunk
+                if data.endswith(b"second"):
+                    break
+        return data
+
+    answer = await trio.to_thread.run_sync(first_part_then_rest)
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert answer.endswith(b"\r\n\r\nfirst second")
+    assert stats.held_bytes == 0
+    went_out = trio.Event()
+    fail[0] = True
+    cut = await trio.to_thread.run_sync(first_part_then_rest)
+    assert cut.endswith(b"first ")  # the head and the first part, then the close
+    assert stats.held_bytes == 0
+    assert stats.open == 0 or await _until(lambda: stats.open == 0, seconds=5)
