@@ -61,9 +61,8 @@ _LIMITS = struct.Struct(f"<{MAX_DEVICES}Q")
 _TAIL_V0 = struct.Struct("<iiii")
 _TAIL_V1 = struct.Struct("<iiiiQ")
 _MASK64 = (1 << 64) - 1
-#: What the decoder compares of a region's first bytes: magic, major and minor (v1); the
-#: magic alone in v0, whose next words are the lock's (``sm_init_flag``, ``owner_pid``).
-_HEADER_KEPT = HEADER_SIZE
+#: The magic's bytes: all the decoder compares of a v0 region's first bytes, whose next words
+#: are the lock's (``sm_init_flag``, ``owner_pid``); v1 adds major and minor (HEADER_SIZE).
 _MAGIC_SIZE = 4
 _LABEL_BYTES = 40  # HAMi's metrics label uses the first 40 bytes of the UUID
 
@@ -490,37 +489,10 @@ def _new_snapshot(
     )
 
 
-# What the live slots add up to: per-device sums (context, module, data, offset, total per
-# device, then sm_util per device, as in slot_struct), live slots, pids, host pids, and per
-# device the live slots using it.
+# What the live slots add up to (:func:`sum_rows` without the objects): per-device sums
+# (context, module, data, offset, total per device, then sm_util per device, uint64,
+# wrapping), live slots, their pids and host pids, and per device the live slots using it.
 _Totals = tuple[tuple[int, ...], int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
-
-
-def _sum_fields(rows: list[tuple[int, ...]], device_count: int) -> _Totals:
-    """:func:`sum_rows` without the objects: over the rows whose status is not 0, the sums
-    (uint64, wrapping), the live slots, their pids and host pids, the slots per device.
-    Column by column (one ``zip``), so the per-slot work stays in C."""
-    columns = list(zip(*rows, strict=True))
-    if columns and 0 in columns[-1]:
-        rows = [row for row in rows if row[-1]]
-        columns = list(zip(*rows, strict=True))
-    sm_base = 2 + 5 * device_count
-    if not columns:
-        return (0,) * (6 * device_count), 0, (), (), (0,) * device_count
-    sums = tuple(map(sum, columns[2:-1]))
-    if max(sums, default=0) > _MASK64:
-        sums = tuple([value & _MASK64 for value in sums])
-    live = len(rows)
-    busy = tuple(
-        [
-            # a device every live slot has memory on is used by all of them (the usual case)
-            live
-            if 0 not in columns[6 + 5 * d]
-            else live - list(map(operator.or_, columns[6 + 5 * d], columns[sm_base + d])).count(0)
-            for d in range(device_count)
-        ]
-    )
-    return sums, live, columns[0], columns[1], busy
 
 
 #: The slots of a region are unpacked with one ``struct`` call when they hold at most this
@@ -570,11 +542,8 @@ def _slot_fields(
         return memory.unpack_from(head, layout.procs), other.unpack_from(head, layout.procs)
     body = memoryview(head)[layout.procs : layout.body_size(slots)]
     chain = itertools.chain.from_iterable
-    memory_format, other_format = _part_formats(layout.format, device_count)
-    return (
-        tuple(chain(struct.Struct("<" + memory_format).iter_unpack(body))),
-        tuple(chain(struct.Struct("<" + other_format).iter_unpack(body))),
-    )
+    memory, other = _flat_structs(layout.format, device_count, 1)  # one slot each
+    return tuple(chain(memory.iter_unpack(body))), tuple(chain(other.iter_unpack(body)))
 
 
 def _slots_key(flat: tuple[int, ...]) -> tuple[int, int]:
@@ -595,8 +564,8 @@ _MemoryTotals = tuple[tuple[int, ...], tuple[bool, ...]]
 def _flat_totals(
     fields: _Fields, device_count: int, memory_totals: _MemoryTotals | None = None
 ) -> tuple[_Totals, _MemoryTotals | None]:
-    """What the slots of :func:`_slot_fields` add up to (see :func:`_sum_fields`): each
-    column is a slice of a flat tuple, summed in C; no tuple per slot.
+    """What the slots of :func:`_slot_fields` add up to (see ``_Totals``): each column is a
+    slice of a flat tuple, summed in C; no tuple per slot.
 
     ``memory_totals`` are those of the same memory words when the caller knows them
     unchanged (used only while every slot is live).  Returns the totals and the memory part
@@ -604,15 +573,13 @@ def _flat_totals(
     memory, other = fields
     width, words = 3 + device_count, 5 * device_count
     status = other[width - 1 :: width]
-    if 0 in status:  # exited slots between live ones: leave them out
+    every_slot_live = 0 not in status
+    if not every_slot_live:  # exited slots between live ones: leave them out
         live_slots = [i for i, word in enumerate(status) if word]
         chain = itertools.chain.from_iterable
         other = tuple(chain([other[i * width : (i + 1) * width] for i in live_slots]))
         memory = tuple(chain([memory[i * words : (i + 1) * words] for i in live_slots]))
         memory_totals = None
-        keep = False
-    else:
-        keep = True
     live = len(other) // width
     if not live:
         return ((0,) * (6 * device_count), 0, (), (), (0,) * device_count), None
@@ -637,7 +604,7 @@ def _flat_totals(
         ]
     )
     totals = (sums + sm, live, other[0::width], other[1::width], busy)
-    return totals, memory_totals if keep else None
+    return totals, memory_totals if every_slot_live else None
 
 
 def _devices(sums: tuple[int, ...], static: StaticInfo) -> tuple[DeviceUsage, ...]:
@@ -872,7 +839,7 @@ class RegionDecoder:
         snapshot = _new_snapshot(layout, size, version, values, static, devices, totals)
         self._decoded = _Decoded(
             size,
-            head[: _HEADER_KEPT if layout.has_version else _MAGIC_SIZE],
+            head[: HEADER_SIZE if layout.has_version else _MAGIC_SIZE],
             head[layout.num : layout.procs],
             tail,
             values,
