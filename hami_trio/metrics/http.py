@@ -871,10 +871,14 @@ class _Reply:
             self._hold(len(data))
         if len(data) <= _SMALL_BODY:
             await self._stream.send_all(self._conn.send(h11.Data(data=data)))
-        else:  # passthrough: a large part goes out without a copy
-            for chunk in self._conn.send_with_data_passthrough(h11.Data(data=data)) or ():
-                await self._stream.send_all(chunk)
+        else:
+            await self._passthrough(data)
         self._hold(-len(data))
+
+    async def _passthrough(self, data: bytes) -> None:
+        """Send a large piece of body without copying it into the framing."""
+        for chunk in self._conn.send_with_data_passthrough(h11.Data(data=data)) or ():
+            await self._stream.send_all(chunk)
 
     async def send_whole(self) -> None:
         """Send an answer that came in one body message (or none: a 500)."""
@@ -888,10 +892,9 @@ class _Reply:
         head = self._head()
         if len(body) <= _SMALL_BODY:  # one segment for the small answers
             await self._stream.send_all(head + self._conn.send(h11.Data(data=body)))
-        else:  # passthrough: a large body goes out without a copy
+        else:
             await self._stream.send_all(head)
-            for chunk in self._conn.send_with_data_passthrough(h11.Data(data=body)) or ():
-                await self._stream.send_all(chunk)
+            await self._passthrough(body)
         await self._stream.send_all(self._conn.send(h11.EndOfMessage()))
         self.ended = True
 
