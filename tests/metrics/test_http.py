@@ -359,8 +359,10 @@ async def test_stalled_clients_are_bounded_and_a_scrape_still_answers(
         assert b"test_series" in during.body
         assert stats.open <= limits.max_connections
         assert tcp_connections(port) <= limits.max_connections
-        # Bodies held: at most one per connection, never one per stalled client.
-        assert stats.held_bytes <= limits.max_connections * len(during.body)
+        # Bodies held: at most one per connection, never one per stalled client.  Each body
+        # carries the server's own gauges (bytes held, connections), whose printed width varies
+        # from one render to the next: 1 KiB of slack per body (CI once saw 58 bytes over in all).
+        assert stats.held_bytes <= limits.max_connections * (len(during.body) + 1024)
         assert _rss_mib() - rss_before < 60  # 1000 held bodies would be over 120 MiB
         assert await _until(lambda: tcp_connections(port) == 0, seconds=8)
         assert stats.open == 0
