@@ -43,7 +43,9 @@ def container(root: Path, name: str, *files: str, priority: int = 1) -> Path:
     return directory
 
 
-class Rejections:
+class Calls:
+    """Records what a callback was called with."""
+
     def __init__(self) -> None:
         self.seen: list[str] = []
 
@@ -94,7 +96,7 @@ async def test_too_many_files_is_an_error_for_that_directory(root: Path) -> None
     directory = container(root, "u_c")
     for name in ("a.cache", "b.cache", "c.cache"):
         (directory / name).write_bytes(b"x")
-    rejections = Rejections()
+    rejections = Calls()
     state = (await make(root, on_reject=rejections).update())[key("u_c")]
     assert state.status is ContainerStatus.REJECTED
     assert state.rejection is not None
@@ -374,7 +376,7 @@ async def test_replaced_file_is_detected_counted_and_reloaded(
     root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     directory = container(root, "u_c", "x.cache", priority=1)
-    rejections = Rejections()
+    rejections = Calls()
     lister = make(root, on_reject=rejections)
     await lister.update()
     old = lister.handle_of("u_c")
@@ -393,7 +395,7 @@ async def test_replaced_file_is_detected_counted_and_reloaded(
 async def test_rejection_counted_once_and_recovery_logged(root: Path) -> None:
     directory = container(root, "u_c")
     (directory / "x.cache").write_bytes(b"\0" * 64)
-    rejections = Rejections()
+    rejections = Calls()
     lister = make(root, on_reject=rejections)
     for _ in range(3):
         state = (await lister.update())[key("u_c")]

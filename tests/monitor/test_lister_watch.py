@@ -45,6 +45,7 @@ from hami_trio.monitor.watch import (
 )
 from hami_trio.pods.source import PodInfo, StaticPodSource
 from hami_trio.testing.regions import RegionSpec, SimulatedWorkload, write_region
+from tests.monitor.test_lister import Calls, container
 from tests.strategies.watch import event_streams, tenant_moves
 
 V1 = LAYOUTS[Format.V1]
@@ -56,23 +57,6 @@ def root(tmp_path: Path) -> Path:
     path = tmp_path / "containers"
     path.mkdir()
     return path
-
-
-def container(root: Path, name: str, priority: int = 1) -> Path:
-    directory = root / name
-    directory.mkdir()
-    write_region(directory / "x.cache", RegionSpec(priority=priority, uuids=["GPU-0"]))
-    return directory
-
-
-class Calls:
-    """Records what a callback was called with."""
-
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    def __call__(self, value: str) -> None:
-        self.seen.append(value)
 
 
 class Stats:
@@ -143,7 +127,7 @@ def perform(root: Path, index: int, move: str, outside: Path, serial: int) -> No
     """Do ``move`` to container ``index`` (a missing directory is made afresh first)."""
     directory = root / NAMES[index]
     if not directory.is_dir():
-        container(root, NAMES[index], priority=serial % 7)
+        container(root, NAMES[index], "x.cache", priority=serial % 7)
         return
     cache = directory / "x.cache"
     regular = cache.is_file() and not cache.is_symlink()
@@ -187,7 +171,7 @@ def perform(root: Path, index: int, move: str, outside: Path, serial: int) -> No
             (directory / f"tmp{i}").unlink()
     elif move == "dir_renamed":
         directory.rename(root / f"moved{serial}")  # no "_": not a container name
-        container(root, NAMES[index], priority=serial % 50)
+        container(root, NAMES[index], "x.cache", priority=serial % 50)
     elif move == "dir_removed":
         shutil.rmtree(directory)
 
@@ -201,7 +185,7 @@ def outside_file(tmp_path: Path) -> Path:
 
 async def settled(root: Path, tmp_path: Path) -> tuple[Pair, Path]:
     for name in NAMES:
-        container(root, name)
+        container(root, name, "x.cache")
     pair = Pair(root)
     await pair.tick()  # opened, watched
     await pair.tick()  # the watches confirmed by one lstat each
@@ -215,7 +199,7 @@ async def test_a_quiet_directory_is_read_without_an_lstat(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for name in NAMES:
-        container(root, name)
+        container(root, name, "x.cache")
     made, _, fallbacks = lister(root)
     stats = Stats(monkeypatch)
     await made.update()  # opens each file, watches its directory, looks the name up once
@@ -458,7 +442,7 @@ async def test_a_small_watch_cap_leaves_the_rest_on_lstat(
     root: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     for name in NAMES:
-        container(root, name)
+        container(root, name, "x.cache")
     made, rejects, _ = lister(root, max_watches=1)
     try:
         await made.update()
@@ -488,7 +472,7 @@ async def test_without_inotify_the_lister_works_on_lstat_and_tries_again_later(
     root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     for name in NAMES:
-        container(root, name)
+        container(root, name, "x.cache")
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
@@ -522,7 +506,7 @@ async def test_a_node_out_of_watches_leaves_each_container_on_lstat(
     root: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     for name in NAMES:
-        container(root, name)
+        container(root, name, "x.cache")
 
     def no_space(self: Any, path: Any, mask: int) -> int:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -556,8 +540,8 @@ async def test_watches_follow_handles_without_leaking(root: Path, tmp_path: Path
 
 
 async def test_a_gone_pods_directory_loses_its_watch_before_removal(root: Path) -> None:
-    container(root, "gone_c")
-    container(root, "live_c")
+    container(root, "gone_c", "x.cache")
+    container(root, "live_c", "x.cache")
     pods = StaticPodSource([PodInfo(uid="live", namespace="n", name="p", containers=("c",))])
     made = ContainerLister(root, pods, resync_interval=0.0)
     try:
@@ -580,7 +564,7 @@ async def test_a_replaced_containers_directory_checks_everything(
     try:
         os.rename(root, tmp_path / "old-containers")
         os.mkdir(root)
-        container(root, "u0_c", priority=8)
+        container(root, "u0_c", "x.cache", priority=8)
         view = await pair.tick()
         assert "root" in pair.fallbacks.seen
         assert view[ContainerKey("u0", "c")].snapshot.priority == 8
@@ -659,7 +643,7 @@ async def test_the_monitor_exports_its_watches_and_fallbacks(hook: Path) -> None
     root = hook / "containers"
     root.mkdir(exist_ok=True)
     for name in NAMES:
-        container(root, name)
+        container(root, name, "x.cache")
     registry = CollectorRegistry()
     config = MonitorConfig(hook_path=hook, mig_lock_path=hook / "lock" / "mig.lock")
     monitor = Monitor(config, pod_source=StaticPodSource(), registry=registry)
@@ -685,7 +669,7 @@ async def test_an_event_read_by_a_cancelled_tick_is_answered_by_the_next(root: P
     a directory must leave that directory's event pending, or the replacement is lost."""
     names = [f"u{i:03d}_c" for i in range(CHECKPOINT_EVERY + 2)]
     for name in names:
-        container(root, name)
+        container(root, name, "x.cache")
     made, rejects, _ = lister(root)
     try:
         await made.update()
