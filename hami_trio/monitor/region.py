@@ -41,7 +41,6 @@ __all__ = ["PROBE_SLACK", "RegionHandle", "read_region_file", "read_totals_witho
 PROBE_SLACK = 4096
 
 _I32 = struct.Struct("<i")
-_RECENT_KERNEL = ControlField.RECENT_KERNEL
 #: The words the feedback writes (-1 blocked, 0, 1, and the decrements of small counts),
 #: packed once: a busy node writes one or two per container per tick.
 _SMALL_WORDS = {value: _I32.pack(value) for value in range(-1, 64)}
@@ -345,8 +344,7 @@ class RegionHandle:
             data = _SMALL_WORDS.get(value)
             if data is None:
                 data = _pack(_I32, value, field.value)
-            offset = layout.recent_kernel if field is _RECENT_KERNEL else layout.utilization_switch
-            stores.append((offset, data))
+            stores.append((field.offset(layout), data))
         self._store(stores)
 
 
