@@ -245,20 +245,18 @@ class DirectoryWatch:
         reason = "overflow" if events.lost else None
         if len(data) > PARSE_BYTES - _MAX_EVENT and self._discard(fd):
             reason = reason or "flood"
-        names, wds, dirty = self._names, self._wds, self._dirty
+        wds, dirty = self._wds, self._dirty
         for wd in events.wds:
             name = wds.get(wd)
             if name is not None:  # else a watch already removed: nothing to do
                 dirty.add(name)
         for wd in events.ignored:
-            name = wds.pop(wd, None)
+            name = wds.get(wd)
             if name is not None:
                 # The kernel removed it (directory deleted, file system unmounted).  Removing
                 # it again is harmless and frees the number should the kernel have reused it.
                 # Unwatched, the directory is never quiet: nothing is left pending.
-                del names[name]
-                dirty.discard(name)
-                self._rm_watch(wd)
+                self.remove(name)
         return reason
 
     def _discard(self, fd: int) -> bool:
@@ -292,9 +290,7 @@ class DirectoryWatch:
             return
         for name, watch in list(self._names.items()):
             if live.get(watch.wd) != watch.ino:
-                del self._names[name]
-                self._wds.pop(watch.wd, None)
-                self._dirty.discard(name)
+                self._forget(name)
 
     # -- adding and removing ---------------------------------------------------------------
 
@@ -352,11 +348,17 @@ class DirectoryWatch:
 
     def remove(self, name: str) -> None:
         """Stop watching ``name`` (nothing if it is not watched)."""
+        watch = self._forget(name)
+        if watch is not None:
+            self._rm_watch(watch.wd)
+
+    def _forget(self, name: str) -> _Watch | None:
+        """Drop what is known of ``name``'s watch, leaving the kernel's side as it is."""
         watch = self._names.pop(name, None)
         if watch is not None:
             self._dirty.discard(name)
             del self._wds[watch.wd]
-            self._rm_watch(watch.wd)
+        return watch
 
     def _rm_watch(self, wd: int) -> None:
         notify = self._inotify
