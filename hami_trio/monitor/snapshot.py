@@ -561,6 +561,15 @@ def _slots_key(flat: tuple[int, ...]) -> tuple[int, int]:
 _MemoryTotals = tuple[tuple[int, ...], tuple[bool, ...]]
 
 
+def _column_sums(flat: tuple[int, ...], starts: range, width: int) -> tuple[int, ...]:
+    """The sums (uint64, wrapping) of the columns at ``starts`` of slots laid out flat,
+    ``width`` fields each: a slice per column, summed in C."""
+    sums = tuple([sum(flat[k::width]) for k in starts])
+    if max(sums, default=0) > _MASK64:
+        sums = tuple([value & _MASK64 for value in sums])
+    return sums
+
+
 def _flat_totals(
     fields: _Fields, device_count: int, memory_totals: _MemoryTotals | None = None
 ) -> tuple[_Totals, _MemoryTotals | None]:
@@ -584,16 +593,12 @@ def _flat_totals(
     if not live:
         return ((0,) * (6 * device_count), 0, (), (), (0,) * device_count), None
     if memory_totals is None:
-        sums = tuple([sum(memory[k::words]) for k in range(words)])
-        if max(sums, default=0) > _MASK64:
-            sums = tuple([value & _MASK64 for value in sums])
+        sums = _column_sums(memory, range(words), words)
         # a device every live slot has memory on is used by all of them (the usual case)
         idle = tuple([0 in memory[5 * d + 4 :: words] for d in range(device_count)])
         memory_totals = (sums, idle)
     sums, idle = memory_totals
-    sm = tuple([sum(other[2 + d :: width]) for d in range(device_count)])
-    if max(sm, default=0) > _MASK64:
-        sm = tuple([value & _MASK64 for value in sm])
+    sm = _column_sums(other, range(2, 2 + device_count), width)
     busy = tuple(
         [
             live
