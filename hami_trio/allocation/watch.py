@@ -6,7 +6,10 @@ interval with :func:`~hami_trio.allocation.lockdir.inspect_lock_parent` (``O_PAT
 ``fstat`` only: nothing created, chmodded or followed), exports ``hami_trio_lock_parent_ok``
 and ``hami_trio_lock_parent_unsafe{reason}``, and warns with the recovery command the first
 time and then at most every ``warn_interval`` seconds (at once when the reason changes).
-Readiness does not depend on it.  docs/allocation.md (Watching it from the agent).
+With the broker on it also exports whether the nested mount point ``hostpid`` carries the
+immutable flag (``hami_trio_lock_mount_point_immutable``) and warns once each time it is
+found without it.  Readiness does not depend on it.  docs/allocation.md (Watching it from
+the agent).
 """
 
 from __future__ import annotations
@@ -17,7 +20,13 @@ from typing import Final
 import trio
 from prometheus_client import CollectorRegistry, Gauge
 
-from hami_trio.allocation.lockdir import REFUSAL_REASONS, LockParentState, inspect_lock_parent
+from hami_trio.allocation.lockdir import (
+    MOUNT_POINT_NAME,
+    REFUSAL_REASONS,
+    LockParentState,
+    MountPointState,
+    inspect_lock_parent,
+)
 from hami_trio.logs import RateLimiter
 
 __all__ = ["DEFAULT_WARN_INTERVAL", "LockParentWatch", "serve_lock_parent_watch"]
@@ -67,8 +76,17 @@ class LockParentWatch:
         for reason in REFUSAL_REASONS:
             self._unsafe.labels(reason=reason).set(0)
         self._ok.set(1)
+        self._immutable: Gauge | None = None
+        if broker:
+            self._immutable = Gauge(
+                "hami_trio_lock_mount_point_immutable",
+                "1 while the broker's nested mount point (/tmp/vgpulock/hostpid) carries the "
+                "immutable flag, 0 while a root workload could rename or replace it.",
+                registry=registry,
+            )
         self.state = LockParentState("missing")
         self._was_unsafe = False
+        self._mount_point: MountPointState = "off"
 
     def check(self) -> LockParentState:
         """Look at the directory once, update the gauges and log; never raises OSError."""
@@ -77,6 +95,7 @@ class LockParentWatch:
         for reason in REFUSAL_REASONS:
             self._unsafe.labels(reason=reason).set(1 if reason == state.reason else 0)
         self._ok.set(0 if state.state == "unsafe" else 1)
+        self._report_mount_point(state.mount_point)
         if state.state == "unsafe":
             self._was_unsafe = True
             suppressed = self._limiter.check(state.reason)
@@ -96,6 +115,26 @@ class LockParentWatch:
                 extra={"event": "lock_parent_recovered"},
             )
         return state
+
+    def _report_mount_point(self, found: MountPointState) -> None:
+        if self._immutable is None:
+            return
+        self._immutable.set(1 if found == "immutable" else 0)
+        previous, self._mount_point = self._mount_point, found
+        if found in ("off", "missing", "immutable") or found == previous:
+            return  # missing: the next preparation creates it, flagged
+        where = f"{self.path}/{MOUNT_POINT_NAME}"
+        owner = f" --owner {self._owner}" if self._owner else ""
+        logger.warning(
+            "nested mount point %s is not immutable (%s): a root workload holding only the "
+            "parent mount can rename or replace it and break the broker mount of the next "
+            "containers on this node; run `%s` as root on the node (it sets the flag where the "
+            "filesystem supports it)",
+            where,
+            found,
+            f"hami-trio prepare-lock-dir --broker{owner} {self.path}",
+            extra={"event": "lock_mount_point_not_immutable", "reason": found},
+        )
 
 
 async def serve_lock_parent_watch(
