@@ -8,8 +8,10 @@ and ``hami_trio_lock_parent_unsafe{reason}``, and warns with the recovery comman
 time and then at most every ``warn_interval`` seconds (at once when the reason changes).
 With the broker on it also exports whether the nested mount point ``hostpid`` carries the
 immutable flag (``hami_trio_lock_mount_point_immutable``) and warns once each time it is
-found without it.  Readiness does not depend on it.  docs/allocation.md (Watching it from
-the agent).
+found without it.  Readiness does not depend on it.  With ``prepare`` (``--prepare-lock-parent``)
+the agent first prepares the directory like an allocation, before any tenant runs: with the
+broker on that makes ``hostpid`` immutable, and :class:`MountPointCheck` is an informational
+readiness line that fails while it is not.  docs/allocation.md (Watching it from the agent).
 """
 
 from __future__ import annotations
@@ -23,13 +25,20 @@ from prometheus_client import CollectorRegistry, Gauge
 from hami_trio.allocation.lockdir import (
     MOUNT_POINT_NAME,
     REFUSAL_REASONS,
+    LockParentRefused,
     LockParentState,
     MountPointState,
     inspect_lock_parent,
+    prepare_lock_dir,
 )
 from hami_trio.logs import RateLimiter
 
-__all__ = ["DEFAULT_WARN_INTERVAL", "LockParentWatch", "serve_lock_parent_watch"]
+__all__ = [
+    "DEFAULT_WARN_INTERVAL",
+    "LockParentWatch",
+    "MountPointCheck",
+    "serve_lock_parent_watch",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +96,28 @@ class LockParentWatch:
         self.state = LockParentState("missing")
         self._was_unsafe = False
         self._mount_point: MountPointState = "off"
+        #: Why the last :meth:`prepare` left ``hostpid`` without the flag, or was refused.
+        self.prepare_problem = ""
+
+    def prepare(self) -> None:
+        """Prepare the lock parent once, like an allocation (the agent's start).
+
+        A refusal is logged (with the recovery) and not raised: the agent works either way,
+        and the checks that follow export it.  Where the flag cannot be set,
+        :func:`~hami_trio.allocation.lockdir.prepare_lock_dir` logs it and counts it.
+        """
+        try:
+            prepared = prepare_lock_dir(self.path, self._owner, broker=self._broker)
+        except LockParentRefused as exc:
+            self.prepare_problem = str(exc)
+            logger.warning(
+                "preparing the shared lock parent at start was refused (%s): %s",
+                exc.reason,
+                exc,
+                extra={"event": "lock_parent_prepare_refused", "reason": exc.reason},
+            )
+            return
+        self.prepare_problem = prepared.problem
 
     def check(self) -> LockParentState:
         """Look at the directory once, update the gauges and log; never raises OSError."""
@@ -120,6 +151,8 @@ class LockParentWatch:
         if self._immutable is None:
             return
         self._immutable.set(1 if found == "immutable" else 0)
+        if found == "immutable":
+            self.prepare_problem = ""  # an allocation since has set it
         previous, self._mount_point = self._mount_point, found
         if found in ("off", "missing", "immutable") or found == previous:
             return  # missing: the next preparation creates it, flagged
@@ -137,13 +170,43 @@ class LockParentWatch:
         )
 
 
+class MountPointCheck:
+    """Readiness line ``lock-mount-point``: fails while ``hostpid`` is not immutable.
+
+    Informational (see :func:`~hami_trio.metrics.http.make_app`): a node whose filesystem
+    cannot hold the flag still serves its metrics; the line says why.
+    """
+
+    informational = True
+
+    def __init__(self, watch: LockParentWatch) -> None:
+        self._watch = watch
+
+    def __call__(self) -> bool:
+        return self._watch.state.mount_point == "immutable"
+
+    def reason(self) -> str:
+        state = self._watch.state
+        if self._watch.prepare_problem:
+            return self._watch.prepare_problem
+        if state.state == "unsafe":
+            return state.message
+        return f"{self._watch.path}/{MOUNT_POINT_NAME} is {state.mount_point}, not immutable"
+
+
 async def serve_lock_parent_watch(
     watch: LockParentWatch,
     interval: float,
     *,
+    prepare: bool = False,
     task_status: trio.TaskStatus[LockParentWatch] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Check once, report started, then check every ``interval`` seconds until cancelled."""
+    """Check once, report started, then check every ``interval`` seconds until cancelled.
+
+    With ``prepare``, :meth:`LockParentWatch.prepare` runs first (the agent's start).
+    """
+    if prepare:
+        watch.prepare()
     watch.check()
     task_status.started(watch)
     while True:

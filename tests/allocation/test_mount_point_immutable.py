@@ -26,8 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from prometheus_client import REGISTRY
 
+from hami_trio.agent.config import AgentConfig, resolve_config
+from hami_trio.agent.service import AgentHandle, serve_agent
 from hami_trio.allocation import lockdir
 from hami_trio.allocation.lockdir import (
     FS_IMMUTABLE_FL,
@@ -37,7 +40,9 @@ from hami_trio.allocation.lockdir import (
     prepare_lock_dir,
     prepare_lock_parent,
 )
+from hami_trio.cli.main import build_parser
 from hami_trio.demo.sandbox import _mount as mount
+from tests.agent.agent import http_get
 from tests.allocation.immutable import clear_immutable, is_immutable
 from tests.allocation.workload import WORKLOAD_LOCK, as_workload
 from tests.sandbox import run_in_child
@@ -368,3 +373,70 @@ def test_the_read_only_check_reports_the_flag(tmp_path: Path) -> None:
     state = inspect_lock_parent(str(lock), 0, broker=True)
     assert (state.state, state.mount_point) == ("ok", "immutable")
     assert not os.path.exists(lock / "hostpid" / "x")
+
+
+# -- the agent's start --------------------------------------------------------------------------
+
+
+def agent_config(base: Path, lock: Path) -> AgentConfig:
+    (base / "hook" / "containers").mkdir(parents=True)
+    argv = [
+        "run",
+        f"--hook-path={base / 'hook'}",
+        f"--mig-lock-path={base / 'mig' / 'lock'}",
+        f"--lock-parent-path={lock}",
+        "--prepare-lock-parent",
+        f"--broker-socket-path={base / 'b' / 'broker.sock'}",
+        "--metrics-bind-address=127.0.0.1:0",
+        "--debug-bind-address=off",
+        "--interval=0.05",
+        "--no-kubernetes",
+    ]
+    return resolve_config(build_parser().parse_args(argv), {"LIBVGPU_HOSTPID_BROKER": "1"})
+
+
+async def agent_view(config: AgentConfig) -> tuple[str, str]:
+    """``/readyz?verbose`` and the lock gauges of an agent just started with ``config``."""
+    async with trio.open_nursery() as nursery:
+        handle: AgentHandle = await nursery.start(serve_agent, config)
+        port = handle.metrics_address.port
+        _, ready = await trio.to_thread.run_sync(http_get, port, "/readyz?verbose")
+        _, text = await trio.to_thread.run_sync(http_get, port, "/metrics")
+        handle.request_stop()
+    return ready, "\n".join(line for line in text.splitlines() if line.startswith("hami_trio_lock"))
+
+
+async def test_the_agent_makes_the_mount_point_immutable_before_any_tenant_runs(
+    base_dir: Path,
+) -> None:
+    lock = make_tree(base_dir)
+    lock.mkdir(0o755)  # what the chart's DirectoryOrCreate leaves on a fresh node
+    try:
+        ready, gauges = await agent_view(agent_config(base_dir, lock))
+        assert "[+]lock-mount-point ok" in ready
+        assert "hami_trio_lock_mount_point_immutable 1.0" in gauges
+        assert "hami_trio_lock_parent_ok 1.0" in gauges
+        assert stat.S_IMODE(os.lstat(lock).st_mode) == 0o1777
+        assert is_immutable(lock / "hostpid")
+        assert as_workload(lock, try_every_swap, False) == dict.fromkeys(ATTEMPTS, "EPERM")
+    finally:
+        clear_immutable(base_dir)
+
+
+async def test_an_agent_that_cannot_set_the_flag_says_so_and_stays_ready(
+    base_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    lock = make_tree(base_dir)
+    monkeypatch.setattr(lockdir, "_ioctl", failing_setflags(errno.EOPNOTSUPP))
+    caplog.set_level(logging.WARNING, logger="hami_trio.allocation")
+    ready, gauges = await agent_view(agent_config(base_dir, lock))
+    assert "readyz check passed" in ready  # informational: the metrics stay in the Service
+    line = next(row for row in ready.splitlines() if "lock-mount-point" in row)
+    assert line.startswith("[-]lock-mount-point failed: nested mount point")
+    assert "could not be made immutable" in line
+    assert "hami_trio_lock_mount_point_immutable 0.0" in gauges
+    warned = [
+        r.getMessage() for r in caplog.records if "could not be made immutable" in r.getMessage()
+    ]
+    assert len(warned) == 1
+    assert not is_immutable(lock / "hostpid")
