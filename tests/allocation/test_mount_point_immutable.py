@@ -21,6 +21,8 @@ import errno
 import logging
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -440,3 +442,30 @@ async def test_an_agent_that_cannot_set_the_flag_says_so_and_stays_ready(
     ]
     assert len(warned) == 1
     assert not is_immutable(lock / "hostpid")
+
+
+def test_prepare_lock_dir_says_on_stderr_when_the_flag_cannot_be_set(tmp_path: Path) -> None:
+    """The command a Go plugin execs: exit 0 (the checks held) and the one line on stderr."""
+    fs = tmp_path / "fs"
+    fs.mkdir()
+    script = (
+        'mount --make-rprivate / && mount -t ramfs ramfs "$1" && mkdir -m 1777 "$1/tmp" && '
+        'exec "$2" prepare-lock-dir --broker "$1/tmp/vgpulock"'
+    )
+    hami_trio = str(Path(sys.executable).with_name("hami-trio"))
+    done = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", script, "sh", str(fs), hami_trio],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"nested mount point {fs}/tmp/vgpulock/hostpid could not be made immutable "
+        "(Inappropriate ioctl for device: the filesystem does not support inode flags); a root "
+        "workload holding only the parent mount can still rename or replace it and break the "
+        "broker mount of the next containers started on this node (every preparation still "
+        "refuses what it finds planted there)"
+    ]
