@@ -6,10 +6,14 @@ or swap it while the device plugin (root) works.  So :func:`prepare_lock_parent`
 step relative to a descriptor - open the parent ``O_NOFOLLOW`` and check its owner and sticky
 bit, ``mkdirat``, ``openat`` ``O_NOFOLLOW``, check the owner, ``fchmod`` 01777, then verify the
 descriptor and the name denote the same directory - and, with the broker on, the nested
-``hostpid`` mount point the same way.  Every refusal is a :class:`LockParentRefused` naming
-the path, the reason and the recovery, counted in :data:`LOCK_PARENT_REFUSALS`; ``repair=True``
-is the operator's explicit fix, :func:`inspect_lock_parent` the agent's read-only check.
-The steps, the attacks they stop and the repair: docs/allocation.md.
+``hostpid`` mount point the same way, plus the immutable flag on it (``FS_IOC_SETFLAGS`` on
+its descriptor), so that a root workload holding only the parent mount cannot move it and
+land the next container's broker mount on that container's own ``/etc``; where the flag
+cannot be set, :func:`prepare_lock_dir` says why (result, counter, one log line).  Every
+refusal is a :class:`LockParentRefused` naming the path, the reason and the recovery, counted
+in :data:`LOCK_PARENT_REFUSALS`; ``repair=True`` is the operator's explicit fix,
+:func:`inspect_lock_parent` the agent's read-only check.  The steps, the attacks they stop
+and the repair: docs/allocation.md.
 """
 
 from __future__ import annotations
