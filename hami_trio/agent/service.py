@@ -305,7 +305,11 @@ class _Agent:
         task_status: trio.TaskStatus[AgentHandle],
     ) -> None:
         # Imported here, not at the top: the other hami-trio commands never need them.
-        from hami_trio.allocation.watch import LockParentWatch, serve_lock_parent_watch
+        from hami_trio.allocation.watch import (
+            LockParentWatch,
+            MountPointCheck,
+            serve_lock_parent_watch,
+        )
         from hami_trio.broker.server import serve_broker
         from hami_trio.metrics.collector import BuildInfoCollector, VGpuCollector
         from hami_trio.metrics.hostgpu import HostGpuSampler, serve_nvml_release
@@ -389,11 +393,15 @@ class _Agent:
             broker=config.broker is not None,
             registry=registry,
         )
+        # --prepare-lock-parent: prepared like an allocation before the first check.
+        prepare = config.prepare_lock_parent
         await nursery.start(
             self.supervise,
             "lock-parent",
-            partial(serve_lock_parent_watch, lock_parent, monitor_config.interval),
+            partial(serve_lock_parent_watch, lock_parent, monitor_config.interval, prepare=prepare),
         )
+        if prepare and config.broker is not None:
+            self.checks["lock-mount-point"] = MountPointCheck(lock_parent)
         bound: BindAddress = await nursery.start(
             self.supervise,
             "metrics",

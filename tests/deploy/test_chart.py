@@ -318,6 +318,13 @@ def test_daemonset_runs_as_root_with_only_the_capabilities_it_needs(chart: Any) 
     assert security["readOnlyRootFilesystem"] is True
     assert security["capabilities"]["drop"] == ["ALL"]
     assert sorted(security["capabilities"]["add"]) == ["DAC_OVERRIDE", "FOWNER"]
+    # With the broker on, one more: the immutable flag on the broker's mount point.
+    broker_security = agent(render(chart, BROKER_ON))["securityContext"]
+    assert sorted(broker_security["capabilities"]["add"]) == [
+        "DAC_OVERRIDE",
+        "FOWNER",
+        "LINUX_IMMUTABLE",
+    ]
 
 
 def test_daemonset_scheduling_and_rollout(chart: Any) -> None:
@@ -413,9 +420,11 @@ def test_no_host_tmp_only_the_two_directories_read_only(chart: Any) -> None:
         assert "/tmp" not in mounts
         assert "/tmp" not in host_paths
         mig_dir = str(Path(values.get("migLockPath", "/tmp/hami/hami-mig-apply.lock")).parent)
-        # The MIG lock's directory and the lock parent: the agent only looks at them.
+        # The MIG lock's directory: the agent only looks at it.  The lock parent too, but
+        # with the broker on it prepares it at start (the immutable mount point hostpid).
         assert mounts[mig_dir]["readOnly"] is True
-        assert mounts["/tmp/vgpulock"]["readOnly"] is True
+        assert mounts["/tmp/vgpulock"]["readOnly"] is (values is not BROKER_ON)
+        assert ("--prepare-lock-parent" in agent(by_kind)["args"]) is (values is BROKER_ON)
         assert (
             f"--mig-lock-path={values.get('migLockPath', '/tmp/hami/hami-mig-apply.lock')}"
             in (agent(by_kind)["args"])
@@ -423,7 +432,7 @@ def test_no_host_tmp_only_the_two_directories_read_only(chart: Any) -> None:
         writable = {path for path, m in mounts.items() if not m.get("readOnly", False)}
         expected = {"/usr/local/vgpu/containers"}
         if values is BROKER_ON:
-            expected |= {BROKER_DIR, BROKER_LOCK_DIR}
+            expected |= {BROKER_DIR, BROKER_LOCK_DIR, "/tmp/vgpulock"}
         assert writable == expected
 
 
@@ -595,6 +604,7 @@ SMUGGLED: list[tuple[dict[str, Any], str]] = [
     ({"extraArgs": ["--log-level=debug"]}, "pass --log-level"),
     ({"extraArgs": ["--broker-socket-path=/x.sock"]}, "pass --broker-socket-path"),
     ({"extraArgs": ["--broker-lock-path=/x.lock"]}, "pass --broker-lock-path"),
+    ({"extraArgs": ["--prepare-lock-parent"]}, "pass --prepare-lock-parent"),
     # Flags that would override what the chart sets through the environment (and mounts).
     ({"extraArgs": ["--hook-path=/x"]}, "pass --hook-path"),
     ({"extraArgs": ["--node-name=other"]}, "pass --node-name"),
