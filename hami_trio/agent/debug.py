@@ -233,6 +233,7 @@ class MonitorSummary:
     mig_lock_problem: str | None = None
     removals_pending: int = 0
     checks_liveness: bool | None = None
+    foreign_writer: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -513,6 +514,7 @@ def debug_state(
             "ticks": monitor.ticks,
             "paused": monitor.paused,
             "mig_lock_problem": monitor.mig_lock_problem,
+            "foreign_writer": monitor.foreign_writer,
             "removals_pending": monitor.removals_pending,
             "checks_liveness": monitor.checks_liveness,
             "containers_total": len(containers),

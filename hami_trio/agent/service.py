@@ -491,6 +491,7 @@ class _Agent:
                 mig_lock_problem=None if problem is None else problem.message,
                 removals_pending=monitor.lister.removals_pending,
                 checks_liveness=monitor.checks_liveness,
+                foreign_writer=monitor.foreign_writer,
             ),
             pods=pods,
             broker=(

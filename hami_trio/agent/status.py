@@ -251,6 +251,11 @@ def _summary(document: Mapping[str, Any]) -> list[str]:
         lines.append("export: " + ", ".join(f"{k} {v}" for k, v in by_export.items()))
     if monitor.get("mig_lock_problem"):
         lines.append(f"MIG lock directory refused: {monitor['mig_lock_problem']}")
+    if monitor.get("foreign_writer"):
+        lines.append(
+            "ANOTHER MONITOR is writing feedback into these regions (HAMi's vgpu-monitor?): "
+            "switch it off on this node, see docs/migration.md"
+        )
     if pods.get("source") == "kubernetes":
         lines.append(
             f"pods: Kubernetes watch of node {pods.get('node')}: "

@@ -38,6 +38,7 @@ ALERTS = frozenset(
         "HamiTrioContainerHostPidUnknown",
         "HamiTrioLockParentRefused",
         "HamiTrioMigLockDirUnsafe",
+        "HamiTrioForeignMonitor",
         "HamiTrioRemovalsFailing",
         "HamiTrioCollectorErrors",
     }
