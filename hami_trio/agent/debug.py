@@ -243,6 +243,8 @@ class BrokerSummary:
     socket_path: str
     exchanges: Mapping[str, int]
     in_flight: int
+    #: Why the broker waits: another broker serves the socket path (None: it listens).
+    foreign: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -502,6 +504,7 @@ def debug_state(
             "exchanges": dict(broker.exchanges),
             "exchanges_total": sum(broker.exchanges.values()),
             "in_flight": broker.in_flight,
+            "foreign_listener": broker.foreign,
         }
     return {
         "schema": SCHEMA,

@@ -267,6 +267,11 @@ def _summary(document: Mapping[str, Any]) -> list[str]:
         lines.append("pods: no Kubernetes (--no-kubernetes): every directory is its own pod")
     if broker is None:
         lines.append("broker: off (LIBVGPU_HOSTPID_BROKER is not 1): new processes get host PID 0")
+    elif broker.get("foreign_listener"):
+        lines.append(
+            f"broker: WAITING: another broker serves {broker.get('socket_path')} "
+            f"({broker['foreign_listener']}); switch it off, see docs/migration.md"
+        )
     else:
         exchanges = broker.get("exchanges") or {}
         counted = ", ".join(f"{k} {v}" for k, v in exchanges.items() if v)

@@ -39,6 +39,7 @@ ALERTS = frozenset(
         "HamiTrioLockParentRefused",
         "HamiTrioMigLockDirUnsafe",
         "HamiTrioForeignMonitor",
+        "HamiTrioForeignBroker",
         "HamiTrioRemovalsFailing",
         "HamiTrioCollectorErrors",
     }
