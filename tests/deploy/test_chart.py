@@ -996,3 +996,21 @@ def test_hami_node_labels_relabel_node_name_and_ip(chart: Any, on: bool) -> None
         assert targets["ip"] == ["__meta_kubernetes_pod_host_ip"]
     else:
         assert set(targets) == {"node"}
+
+
+def test_the_migration_runbook_names_only_values_metrics_and_alerts_that_exist(
+    chart: Any,
+) -> None:
+    text = (ROOT / "docs" / "migration.md").read_text()
+    paths = set(_value_paths(chart.schema))
+    named = set(
+        re.findall(r"`((?:metrics|serviceMonitor|devicePlugin)\.[A-Za-z.]+)(?:=[^`]*)?`", text)
+    )
+    assert named, "the runbook names chart values"
+    assert named <= paths, named - paths
+    metrics_doc = (ROOT / "docs" / "metrics.md").read_text()
+    for metric in set(re.findall(r"`(hami_trio_[a-z_]+)`", text)):
+        assert f"`{metric}`" in metrics_doc, metric
+    rules = (CHART / "files" / "hami-trio-rules.yaml").read_text()
+    for alert in set(re.findall(r"`(HamiTrio[A-Za-z]+)`", text)):
+        assert f"alert: {alert}\n" in rules, alert
