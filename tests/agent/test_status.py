@@ -146,3 +146,25 @@ def test_tenant_text_cannot_drive_the_terminal_or_break_the_document() -> None:
     header, row = text.partition("\n\n")[2].splitlines()[:2]
     assert row.startswith("? stray_evil\\x1b[2J\\nx\\udcff ")  # one line, escaped
     assert row.index(" v1 ") + 1 == header.index("FORMAT")  # aligned after escaping
+
+
+def test_a_foreign_writer_gets_a_line_that_says_what_to_do() -> None:
+    import dataclasses
+
+    def status(foreign: bool) -> str:
+        doc = debug_state(
+            {},
+            StaticPodSource(),
+            now=0.0,
+            node_name="n",
+            version="9.9",
+            monitor=dataclasses.replace(MONITOR, foreign_writer=foreign),
+            pods=PodWatchSummary("static", True, False),
+            broker=None,
+        )
+        assert json.loads(render(doc))["monitor"]["foreign_writer"] is foreign
+        return format_status(doc)
+
+    assert "ANOTHER MONITOR" not in status(False)
+    line = next(x for x in status(True).splitlines() if x.startswith("ANOTHER MONITOR"))
+    assert "docs/migration.md" in line
