@@ -117,6 +117,12 @@ class Allowance:
         """True once the entries or the seconds of the budget are spent."""
         return self._left <= 0
 
+    def check_clock(self) -> None:
+        """Look at the clock now (else it is read every :data:`_CLOCK_EVERY` units)."""
+        self._until_clock = _CLOCK_EVERY
+        if self._clock() >= self._deadline:
+            self._left = 0
+
     def spend(self) -> None:
         """Count one unit of work done (an entry, a directory left)."""
         self._left -= 1
@@ -546,7 +552,10 @@ def remove_queued(
     while True:
         remover = step.current
         if remover is None:
-            if step.taken >= len(step.queued) or begun >= max_trees or allowance.exhausted():
+            if step.taken >= len(step.queued) or begun >= max_trees:
+                return
+            allowance.check_clock()  # a tree's files can be slow to free: at each tree
+            if allowance.exhausted():
                 return
             name, ino = step.queued[step.taken]
             step.taken += 1
