@@ -513,6 +513,9 @@ class ContainerLister:
             if step.current is not None:
                 self._report_failures(step.current)
                 self._remover = step.current
+            if step.parked is not None:  # a huge one: behind those queued since
+                self._report_failures(step.parked)
+                queue.append((step.parked.name, step.parked.inode))
         return bool(self._removing)
 
     def _removal_ended(self, remover: TreeRemover) -> None:

@@ -7,7 +7,8 @@ deeper one up under a fresh ``.hami-trio-removing-*`` name.  :meth:`TreeRemover.
 one budget of work and the next call resumes; entries it cannot remove become
 :class:`Failure` entries for the caller to log.  :func:`remove_queued` spends one budget over
 as many queued trees as it covers, one after the other (one :class:`TreeRemover` open at a
-time), and leaves the one it stopped in open for the next step.  The rules and the figures:
+time), and leaves the one it stopped in open for the next step, or, when others wait,
+closes it and puts it behind them.  The rules and the figures:
 docs/monitor.md (Removal of a gone pod's directory).
 """
 
@@ -213,6 +214,14 @@ class TreeRemover:
     def name(self) -> str:
         """The tree's name in the containers directory."""
         return self._name
+
+    @property
+    def inode(self) -> int | None:
+        """The inode it removes: the one the caller listed, else the one it opened (None
+        before it opened one)."""
+        if self._expect_ino is not None:
+            return self._expect_ino
+        return self._frames[0].ino if self._frames else None
 
     @property
     def path(self) -> str:
@@ -523,7 +532,8 @@ class QueuedStep:
     on), runs :func:`remove_queued` on it (in a worker thread) and then reads it, also when
     that raised: every removal that ended is in ``ended`` (closed), the one the budget ran
     out in (or that raised) is ``current`` (open: the next step resumes it, or the caller
-    closes it), and ``queued[taken:]`` were not begun.
+    closes it) or ``parked`` (closed; queue it behind the others), and ``queued[taken:]``
+    were not begun.
     """
 
     root: str
@@ -531,6 +541,7 @@ class QueuedStep:
     queued: list[tuple[str, int | None]]
     taken: int = 0
     ended: list[TreeRemover] = field(default_factory=list)
+    parked: TreeRemover | None = None
 
 
 def remove_queued(
@@ -546,6 +557,11 @@ def remove_queued(
     the descriptors held are those of one :class:`TreeRemover`.  Beginning a tree costs one
     unit of the budget; at most ``max_trees`` are begun.  Each tree keeps every rule of
     :class:`TreeRemover` (the inode the caller listed is checked when it is opened).
+
+    When the budget runs out in a tree while queued trees were not begun, that tree is
+    closed and becomes ``step.parked``: a huge tree then delays the others by at most about
+    one budget, instead of until it is gone.  Begun again later (same inode check), it goes
+    on with what is left; only the failures it remembered are tried once more.
     """
     allowance = Allowance(budget, clock)
     begun = 0
@@ -563,7 +579,13 @@ def remove_queued(
             allowance.spend()
             remover = step.current = TreeRemover(step.root, name, expect_ino=ino, clock=clock)
         if not remover.step(allowance):
-            return  # the budget ran out in this tree: it stays open for the next step
+            # The budget ran out in this tree: it stays open for the next step, unless
+            # others wait behind it.
+            if step.taken < len(step.queued):
+                step.current = None
+                remover.close()
+                step.parked = remover
+            return
         step.current = None
         remover.close()
         step.ended.append(remover)

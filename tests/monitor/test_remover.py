@@ -24,6 +24,7 @@ import trio
 import trio.testing
 from prometheus_client import CollectorRegistry
 
+from hami_trio.monitor.lister import ContainerLister
 from hami_trio.monitor.loop import Monitor, MonitorConfig
 from hami_trio.monitor.remover import (
     MAX_DEPTH,
@@ -493,9 +494,10 @@ def test_one_step_removes_every_queued_tree_its_budget_covers(containers: Path) 
     assert open_fds() == baseline
 
 
-def test_a_step_over_many_trees_stays_within_its_budget_and_resumes(containers: Path) -> None:
+def test_a_step_over_many_trees_stays_within_its_budget(containers: Path) -> None:
     """Each tree costs four units here (begin, two files, the directory): a 50-unit budget
-    ends a step a few trees in, often in the middle of one, which the next step resumes."""
+    ends a step a dozen trees in, often in the middle of one; the last one is left open for
+    the next step, one stopped in while others wait goes behind them."""
     queued: list[tuple[str, int | None]] = [
         (f"gone{index:03d}_c", gone_container(containers, f"gone{index:03d}_c"))
         for index in range(100)
@@ -503,26 +505,91 @@ def test_a_step_over_many_trees_stays_within_its_budget_and_resumes(containers: 
     baseline = open_fds()
     current: TreeRemover | None = None
     ended: list[TreeRemover] = []
-    steps = 0
-    left_open = 0
+    steps = parked = 0
     while queued or current is not None:
         step = QueuedStep(str(containers), current, queued)
         remove_queued(step, Budget(ops=50))
-        assert step.taken <= 13
+        assert step.taken <= 25  # two units at least (begin, the directory) per tree
         ended += step.ended
         queued, current = queued[step.taken :], step.current
-        if current is not None:
-            left_open += 1
-            # One tree open between steps, never more.
-            assert open_fds() - baseline <= 2 * MAX_DEPTH + 1
+        if step.parked is not None:
+            assert current is None
+            parked += 1
+            queued.append((step.parked.name, step.parked.inode))
+        # At most one tree open between steps.
+        assert open_fds() - baseline <= (0 if current is None else 2 * MAX_DEPTH + 1)
         steps += 1
         assert steps < 100
     assert steps >= 8
-    assert left_open >= 1
+    assert parked >= 1
     assert len(ended) == 100
     assert {remover.outcome for remover in ended} == {"removed"}
     assert os.listdir(containers) == []
     assert open_fds() == baseline
+
+
+def test_a_huge_tree_goes_behind_the_trees_queued_after_it(containers: Path) -> None:
+    """The attack: a tenant fills its directory with 20,000 files before its pod ends, so
+    that the pods' directories queued after it wait until all of them are gone.  Now the
+    huge one is put behind the others once a step runs out in it."""
+    big = containers / "big_c"
+    big.mkdir()
+    fill_with_files(big, 20_000)
+    queued: list[tuple[str, int | None]] = [("big_c", big.stat().st_ino)]
+    queued += [
+        (f"small{index:02d}_c", gone_container(containers, f"small{index:02d}_c"))
+        for index in range(20)
+    ]
+    step = QueuedStep(str(containers), None, queued)
+    remove_queued(step, Budget(ops=2000, seconds=60))
+    assert step.ended == []
+    assert step.current is None
+    assert step.parked is not None
+    assert step.parked.name == "big_c"
+    assert step.parked.inode == big.stat().st_ino
+    second = QueuedStep(str(containers), None, [*queued[1:], ("big_c", step.parked.inode)])
+    remove_queued(second, Budget(ops=2000, seconds=60))
+    assert [remover.name for remover in second.ended] == [name for name, _ in queued[1:]]
+    assert os.listdir(containers) == ["big_c"]
+    assert second.current is not None  # nothing else waits: left open, resumed next step
+    assert second.current.name == "big_c"
+    while second.current is not None:
+        second = QueuedStep(str(containers), second.current, [])
+        remove_queued(second, Budget(ops=2000, seconds=60))
+    assert second.ended[0].outcome == "removed"
+    assert os.listdir(containers) == []
+
+
+async def test_the_lister_puts_a_huge_tree_behind_the_others(containers: Path) -> None:
+    big = containers / "big_c"
+    big.mkdir()
+    fill_with_files(big, 20_000)
+    for index in range(20):
+        gone_container(containers, f"small{index:02d}_c")
+    for name in os.listdir(containers):
+        make_old(containers / name)
+    outcomes: list[str] = []
+    lister = ContainerLister(
+        containers,
+        StaticPodSource([]),
+        resync_interval=60,
+        on_removal=outcomes.append,
+        removal_budget=Budget(ops=2000, seconds=60),
+    )
+    await lister.update()
+    assert lister.removals_pending == 21
+    assert await lister.remove_step()
+    assert await lister.remove_step()
+    assert os.listdir(containers) == ["big_c"]
+    assert outcomes == ["removed"] * 20
+    assert lister.removal_in_progress  # the huge one, resumed by the next steps
+    steps = 0
+    while await lister.remove_step():
+        steps += 1
+        assert steps < 100
+    assert outcomes == ["removed"] * 21
+    assert os.listdir(containers) == []
+    lister.close()
 
 
 def test_a_step_begins_at_most_max_trees(containers: Path) -> None:
