@@ -574,10 +574,10 @@ def remove_queued(
             if allowance.exhausted():
                 return
             name, ino = step.queued[step.taken]
+            remover = step.current = TreeRemover(step.root, name, expect_ino=ino, clock=clock)
             step.taken += 1
             begun += 1
             allowance.spend()
-            remover = step.current = TreeRemover(step.root, name, expect_ino=ino, clock=clock)
         if not remover.step(allowance):
             # The budget ran out in this tree: it stays open for the next step, unless
             # others wait behind it.
