@@ -15,6 +15,19 @@ remove it.  Then it serves the real :class:`~hami_trio.monitor.loop.Monitor` (re
 - ``removal_s`` and ``ticks_during_removal``: until the directory was gone;
 - ``rss_growth_mib``: peak RSS over the RSS after set-up.
 
+``--churn N`` measures the other case, many ordinary directories: ``N`` gone pods' container
+directories of the usual shape (two ``.cache`` files of a region's size, about 2 MB, written
+in full unless ``--sparse``) beside the live containers.  One tick of the real
+:class:`~hami_trio.monitor.lister.ContainerLister` schedules them all, then its removal steps
+run back to back with the default budget (what ``serve_removals`` runs after each tick) until
+none is left, and it reports:
+
+- ``steps`` and ``directories_per_step``: how many directories one step (one tick) removes;
+- ``removal_s`` and ``directories_per_s``: the steps' own wall time, and the throughput
+  while removing (the directories of the usual shape a second this machine removes);
+- ``ceiling_per_s_at_5s_interval``: ``directories_per_step / 5``, what one step per tick at
+  the default interval keeps up with (the code before the change: 0.2).
+
 ``--src DIR`` measures the ``hami_trio`` package in ``DIR`` instead of this checkout, e.g. the
 code before the change: ``git archive <rev> hami_trio | tar -x -C /tmp/old`` then
 ``--src /tmp/old``.  The trees go to ``/dev/shm`` when it exists (``--dir`` to choose): on a
@@ -25,6 +38,8 @@ Usage::
     .venv/bin/python bench/monitor_removal.py                       # 200,000 files
     .venv/bin/python bench/monitor_removal.py --depth 5000          # a deep chain
     .venv/bin/python bench/monitor_removal.py --src /tmp/old --json
+    .venv/bin/python bench/monitor_removal.py --churn 2000            # ordinary directories
+    .venv/bin/python bench/monitor_removal.py --churn 2000 --dir /var/tmp   # on the disk
 """
 
 from __future__ import annotations
@@ -162,6 +177,74 @@ def measure(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     }
 
 
+def _build_churn(base: Path, count: int, live: int, sparse: bool) -> tuple[Path, list[str]]:
+    from hami_trio.testing.regions import RegionSpec, build_region, write_region
+
+    containers = base / "hook" / "containers"
+    containers.mkdir(parents=True)
+    uids = []
+    for index in range(live):
+        uid = f"live{index:04d}"
+        uids.append(uid)
+        (containers / f"{uid}_main").mkdir()
+        write_region(containers / f"{uid}_main" / "x.cache", RegionSpec(uuids=["GPU-0"]))
+    region = build_region(RegionSpec(uuids=["GPU-0"]))
+    old = time.time() - 3600
+    for index in range(count):
+        directory = containers / f"gone{index:06d}_main"
+        directory.mkdir()
+        for name in ("a.cache", "b.cache"):
+            if sparse:
+                write_region(directory / name, RegionSpec(uuids=["GPU-0"]))
+            else:
+                (directory / name).write_bytes(region)
+        os.utime(directory, (old, old))
+    return containers, uids
+
+
+def measure_churn(args: argparse.Namespace, base: Path) -> dict[str, Any]:
+    import trio
+
+    from hami_trio.monitor.lister import ContainerLister
+    from hami_trio.pods.source import PodInfo, StaticPodSource
+
+    containers, uids = _build_churn(base, args.churn, args.live, args.sparse)
+    file_size = os.stat(containers / "gone000000_main" / "a.cache").st_size if args.churn else 0
+    source = StaticPodSource([PodInfo(uid=uid, namespace="bench", name=uid) for uid in uids])
+    lister = ContainerLister(containers, source, resync_interval=60)
+    steps: list[float] = []
+
+    async def main() -> None:
+        await lister.update()
+        assert lister.removals_pending == args.churn, lister.removals_pending
+        while lister.removals_pending:
+            started = time.perf_counter()
+            await lister.remove_step()
+            steps.append(time.perf_counter() - started)
+            if len(steps) >= args.max_steps:
+                break
+
+    trio.run(main)
+    removed = args.churn - lister.removals_pending
+    lister.close()
+    total = sum(steps)
+    per_step = removed / len(steps) if steps else 0.0
+    return {
+        "directories": args.churn,
+        "files_per_directory": 2,
+        "cache_file_bytes": file_size,
+        "sparse": args.sparse,
+        "live_containers": args.live,
+        "removed": removed,
+        "steps": len(steps),
+        "directories_per_step": round(per_step, 1),
+        "step_max_s": round(max(steps, default=0.0), 4),
+        "removal_s": round(total, 3),
+        "directories_per_s": round(removed / total, 1) if total else 0.0,
+        "ceiling_per_s_at_5s_interval": round(per_step / 5, 2),
+    }
+
+
 def _clean_up(base: Path) -> None:
     """Remove whatever is left with this checkout's remover (the measured code may be the
     old one, or may have crashed); loaded by path, it only needs the standard library."""
@@ -183,6 +266,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--files", type=int, default=200_000)
     parser.add_argument("--depth", type=int, default=0, help="a chain this deep instead")
+    parser.add_argument(
+        "--churn", type=int, default=0, help="this many ordinary gone directories instead"
+    )
+    parser.add_argument("--sparse", action="store_true", help="--churn: sparse .cache files")
+    parser.add_argument(
+        "--max-steps", type=int, default=200, help="--churn: stop after this many steps"
+    )
     parser.add_argument("--live", type=int, default=20, help="live containers beside it")
     parser.add_argument("--interval", type=float, default=0.5, help="tick interval (s)")
     parser.add_argument("--timeout", type=float, default=600.0)
@@ -200,7 +290,7 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="hami-trio-removal-bench-", dir=where))
     try:
         try:
-            figures = measure(args, base)
+            figures = measure_churn(args, base) if args.churn else measure(args, base)
         except Exception as exc:  # the code before the change crashes on deep chains
             leaf: BaseException = exc
             while isinstance(leaf, BaseExceptionGroup):

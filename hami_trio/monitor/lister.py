@@ -10,10 +10,11 @@ since the last tick: that one is read straight away, its size checked by the rea
 (:meth:`~hami_trio.monitor.region.RegionHandle.read_probed`).  Directories of pods gone
 longer than the resync interval leave the view and go to
 :meth:`ContainerLister.serve_removals` (:mod:`~hami_trio.monitor.remover`, a budgeted step
-per tick, off the tick).  The tick checkpoints by work done (about one unit per byte read or
-listed, see the constants below); large directories are listed in a worker thread.  The
-result is one immutable mapping per tick (:meth:`ContainerLister.containers`).  Rules and
-reasons: docs/monitor.md (Discovery, How one region is read, Tenant threat model).
+per tick over as many queued directories as it covers, off the tick).  The tick
+checkpoints by work done (about one unit per byte read or listed, see the constants
+below); large directories are listed in a worker thread.  The result is one immutable
+mapping per tick (:meth:`ContainerLister.containers`).  Rules and reasons: docs/monitor.md
+(Discovery, How one region is read, Tenant threat model).
 """
 
 from __future__ import annotations
@@ -36,7 +37,13 @@ from hami_trio.logs import RateLimiter
 from hami_trio.monitor.feedback import Write
 from hami_trio.monitor.layout import LAYOUTS, MAX_SLOTS, ControlField, RejectReason
 from hami_trio.monitor.region import RegionHandle
-from hami_trio.monitor.remover import Budget, TreeRemover
+from hami_trio.monitor.remover import (
+    MAX_TREES_PER_STEP,
+    Budget,
+    QueuedStep,
+    TreeRemover,
+    remove_queued,
+)
 from hami_trio.monitor.snapshot import UsageSnapshot, _constructor
 from hami_trio.monitor.watch import DirectoryWatch
 from hami_trio.pods.source import PodSource
@@ -217,7 +224,8 @@ class ContainerLister:
         log_interval: seconds between two log lines about the same container.
         on_removal: called with ``"removed"`` or ``"failed"`` each time the removal of a gone
             pod's directory ends (the self-metrics counter).
-        removal_budget: the work of one removal step (one step per tick).
+        removal_budget: the work of one removal step (one step per tick, over as many
+            queued directories as it covers).
         on_watch_fallback: called with ``overflow``, ``flood``, ``error`` or ``root`` for each
             tick on which no directory could rely on its inotify watch (the self-metrics
             counter).
@@ -251,6 +259,8 @@ class ContainerLister:
         # the tick listed, and the one being removed now.
         self._removing: set[str] = set()
         self._removal_queue: deque[tuple[str, int | None]] = deque()
+        # trio.current_time() at which each pending one was scheduled, in that order.
+        self._removal_since: dict[str, float] = {}
         self._remover: TreeRemover | None = None
         self._removal_wanted = trio.Event()
         self._warned: set[str] = set()
@@ -448,11 +458,19 @@ class ContainerLister:
         )
         self._removing.add(name)
         self._removal_queue.append((name, entry.inode()))
+        self._removal_since[name] = trio.current_time()
 
     @property
     def removals_pending(self) -> int:
         """Directories scheduled for removal and not yet finished (the current one included)."""
         return len(self._removing)
+
+    def oldest_removal_age(self) -> float:
+        """Seconds (``trio.current_time()``) since the longest-waiting pending removal was
+        scheduled; 0 when none is pending."""
+        for since in self._removal_since.values():  # in scheduling order: the first is oldest
+            return max(0.0, trio.current_time() - since)
+        return 0.0
 
     @property
     def removal_in_progress(self) -> bool:
@@ -461,6 +479,9 @@ class ContainerLister:
 
     async def serve_removals(self) -> None:
         """Run the removals, one budgeted step after each tick that found work; never returns.
+
+        A step spends its budget on as many queued directories as it covers, one after the
+        other (:func:`~hami_trio.monitor.remover.remove_queued`).
 
         Run it in the nursery of whoever calls :meth:`update` (the Monitor does); cancelling
         it waits for at most one step's budget (a worker thread cannot be interrupted).
@@ -471,42 +492,52 @@ class ContainerLister:
             await self.remove_step()
 
     async def remove_step(self) -> bool:
-        """One budgeted step of the current removal, in a worker thread.
+        """One budgeted step over the queued removals, in a worker thread.
 
         Returns:
             True while removals remain scheduled.
         """
-        remover = self._remover
-        if remover is None:
-            if not self._removal_queue:
-                return False
-            name, ino = self._removal_queue.popleft()
-            remover = self._remover = TreeRemover(self._root, name, expect_ino=ino)
+        if self._remover is None and not self._removal_queue:
+            return False
+        queue = self._removal_queue
+        taken = [queue.popleft() for _ in range(min(len(queue), MAX_TREES_PER_STEP))]
+        step = QueuedStep(self._root, self._remover, taken)
+        self._remover = None
         try:
-            done = await trio.to_thread.run_sync(remover.step, self._removal_budget)
+            await trio.to_thread.run_sync(remove_queued, step, self._removal_budget)
         finally:
-            self._report_failures(remover)
-        if done:
-            self._remover = None
-            remover.close()
-            self._removing.discard(remover.name)
-            outcome = remover.outcome or "failed"
-            if outcome == "removed":
-                logger.info("removed %s (%d entries)", remover.path, remover.removed)
-            else:
-                self._limiter.log(
-                    logger,
-                    logging.WARNING,
-                    ("removal", remover.name),
-                    "could not remove all of %s: %d entries not removed (removed %d); the "
-                    "tick decides again (once it is older than the resync interval)",
-                    remover.path,
-                    remover.failures,
-                    remover.removed,
-                )
-            if self._on_removal is not None:
-                self._on_removal(outcome)
+            # Also when it raised: the ended ones are reported, the rest go back in order.
+            queue.extendleft(reversed(taken[step.taken :]))
+            for ended in step.ended:
+                self._removal_ended(ended)
+            if step.current is not None:
+                self._report_failures(step.current)
+                self._remover = step.current
+            if step.parked is not None:  # a huge one: behind those queued since
+                self._report_failures(step.parked)
+                queue.append((step.parked.name, step.parked.inode))
         return bool(self._removing)
+
+    def _removal_ended(self, remover: TreeRemover) -> None:
+        self._report_failures(remover)
+        self._removing.discard(remover.name)
+        self._removal_since.pop(remover.name, None)
+        outcome = remover.outcome or "failed"
+        if outcome == "removed":
+            logger.info("removed %s (%d entries)", remover.path, remover.removed)
+        else:
+            self._limiter.log(
+                logger,
+                logging.WARNING,
+                ("removal", remover.name),
+                "could not remove all of %s: %d entries not removed (removed %d); the "
+                "tick decides again (once it is older than the resync interval)",
+                remover.path,
+                remover.failures,
+                remover.removed,
+            )
+        if self._on_removal is not None:
+            self._on_removal(outcome)
 
     def _report_failures(self, remover: TreeRemover) -> None:
         failures, dropped = remover.drain_failures()

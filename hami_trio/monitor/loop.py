@@ -375,6 +375,23 @@ class _SelfMetrics:
         )
         for outcome in ("removed", "failed"):
             self.removals.labels(outcome=outcome)
+        self.removals_pending = Gauge(
+            "hami_trio_monitor_removals_pending",
+            "Gone pods' container directories scheduled for removal and not yet removed, as "
+            "of the latest tick.",
+            registry=registry,
+        )
+        self.removal_oldest = Gauge(
+            "hami_trio_monitor_removal_oldest_pending_seconds",
+            "Seconds the longest-waiting pending removal has waited since it was scheduled "
+            "(0: none pending), as of the latest tick.",
+            registry=registry,
+        )
+        self.resync_interval = Gauge(
+            "hami_trio_monitor_resync_interval_seconds",
+            "How long a gone pod's directory is kept before it is scheduled for removal.",
+            registry=registry,
+        )
         self.liveness = Gauge(
             "hami_trio_monitor_process_liveness_checked",
             "1 when the agent is in the host PID namespace and tells exited processes from "
@@ -542,6 +559,7 @@ class Monitor:
             on_removal=lambda outcome: self._metrics.removals.labels(outcome=outcome).inc(),
             on_watch_fallback=lambda why: self._metrics.watch_fallbacks.labels(reason=why).inc(),
         )
+        self._metrics.resync_interval.set(config.resync_interval)
         self._watch = _LockWatch(config.mig_lock_path, self._lock_changed)
         self._explainer = _explainer(config, self._lister)
         self._metrics.liveness.set(1 if self._explainer.classifier.checks_liveness else 0)
@@ -676,6 +694,8 @@ class Monitor:
         view = await self._lister.update()
         self._metrics.watched.set(self._lister.watched_directories)
         self._metrics.unwatched.set(self._lister.unwatched_directories)
+        self._metrics.removals_pending.set(self._lister.removals_pending)
+        self._metrics.removal_oldest.set(self._lister.oldest_removal_age())
         snapshots: dict[ContainerKey, UsageSnapshot] = {
             key: state.snapshot for key, state in view.items() if state.snapshot is not None
         }

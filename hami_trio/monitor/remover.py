@@ -5,8 +5,11 @@ How this works: :class:`TreeRemover` opens only directories (relative to their p
 unlinks everything else by name; it holds at most ``max_depth`` directories open and moves a
 deeper one up under a fresh ``.hami-trio-removing-*`` name.  :meth:`TreeRemover.step` does
 one budget of work and the next call resumes; entries it cannot remove become
-:class:`Failure` entries for the caller to log.  The rules and the figures: docs/monitor.md
-(Removal of a gone pod's directory).
+:class:`Failure` entries for the caller to log.  :func:`remove_queued` spends one budget over
+as many queued trees as it covers, one after the other (one :class:`TreeRemover` open at a
+time), and leaves the one it stopped in open for the next step, or, when others wait,
+closes it and puts it behind them.  The rules and the figures:
+docs/monitor.md (Removal of a gone pod's directory).
 """
 
 from __future__ import annotations
@@ -16,16 +19,20 @@ import os
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 __all__ = [
     "MAX_DEPTH",
     "MAX_FAILURES",
+    "MAX_TREES_PER_STEP",
     "MOVED_PREFIX",
+    "Allowance",
     "Budget",
     "Failure",
+    "QueuedStep",
     "TreeRemover",
+    "remove_queued",
 ]
 
 #: Directories held open at once per removal (each costs two descriptors).
@@ -36,6 +43,9 @@ MAX_FAILURES = 1024
 MAX_REPORTED = 16
 #: Name prefix of a subtree moved up to the top of the tree being removed.
 MOVED_PREFIX = ".hami-trio-removing-"
+#: Queued trees one :func:`remove_queued` step takes on at most (each also costs a unit of
+#: its budget, so a queue of empty or vanished trees ends a step too).
+MAX_TREES_PER_STEP = 1024
 _MOVE_ATTEMPTS = 8
 _CLOCK_EVERY = 64
 
@@ -95,15 +105,24 @@ class _Frame:
             os.close(fd)
 
 
-class _Meter:
-    def __init__(self, budget: Budget, clock: Callable[[], float]) -> None:
+class Allowance:
+    """What is left of one :class:`Budget`: the removals of one step share it."""
+
+    def __init__(self, budget: Budget, clock: Callable[[], float] = time.monotonic) -> None:
         self._left = budget.ops
         self._clock = clock
         self._deadline = clock() + budget.seconds
         self._until_clock = _CLOCK_EVERY
 
     def exhausted(self) -> bool:
+        """True once the entries or the seconds of the budget are spent."""
         return self._left <= 0
+
+    def check_clock(self) -> None:
+        """Look at the clock now (else it is read every :data:`_CLOCK_EVERY` units)."""
+        self._until_clock = _CLOCK_EVERY
+        if self._clock() >= self._deadline:
+            self._left = 0
 
     def spend(self) -> None:
         """Count one unit of work done (an entry, a directory left)."""
@@ -197,6 +216,14 @@ class TreeRemover:
         return self._name
 
     @property
+    def inode(self) -> int | None:
+        """The inode it removes: the one the caller listed, else the one it opened (None
+        before it opened one)."""
+        if self._expect_ino is not None:
+            return self._expect_ino
+        return self._frames[0].ino if self._frames else None
+
+    @property
     def path(self) -> str:
         """The tree's path, for messages."""
         return os.path.join(self._root, self._name)
@@ -245,8 +272,8 @@ class TreeRemover:
 
     # -- the walk --------------------------------------------------------------------------
 
-    def step(self, budget: Budget) -> bool:
-        """Do at most ``budget`` of the removal.
+    def step(self, budget: Budget | Allowance) -> bool:
+        """Do at most ``budget`` of the removal (an :class:`Allowance`: what is left of it).
 
         Returns:
             True once the removal has ended (see :attr:`outcome`); False when the budget ran
@@ -254,7 +281,7 @@ class TreeRemover:
         """
         if self.outcome is not None:
             return True
-        meter = _Meter(budget, self._clock)
+        meter = budget if isinstance(budget, Allowance) else Allowance(budget, self._clock)
         if not self._started:
             self._started = True
             self._open_top()
@@ -316,7 +343,7 @@ class TreeRemover:
     def _reason(exc: OSError) -> str:
         return exc.strerror or str(exc)
 
-    def _scan(self, frame: _Frame, meter: _Meter) -> bool:
+    def _scan(self, frame: _Frame, meter: Allowance) -> bool:
         """Handle ``frame``'s entries until it is done (True), a subdirectory was entered or
         the budget ran out (False)."""
         if frame.entries is None:
@@ -495,3 +522,70 @@ class TreeRemover:
         """Close every descriptor; an unfinished removal cannot be resumed afterwards (start
         a new one: it continues with whatever is left)."""
         self._close_frames()
+
+
+@dataclass(slots=True)
+class QueuedStep:
+    """One step over a queue of trees: its input, and what :func:`remove_queued` did.
+
+    The caller builds it (the tree left open by the last step, the queued trees it may take
+    on), runs :func:`remove_queued` on it (in a worker thread) and then reads it, also when
+    that raised: every removal that ended is in ``ended`` (closed), the one the budget ran
+    out in (or that raised) is ``current`` (open: the next step resumes it, or the caller
+    closes it) or ``parked`` (closed; queue it behind the others), and ``queued[taken:]``
+    were not begun.
+    """
+
+    root: str
+    current: TreeRemover | None
+    queued: list[tuple[str, int | None]]
+    taken: int = 0
+    ended: list[TreeRemover] = field(default_factory=list)
+    parked: TreeRemover | None = None
+
+
+def remove_queued(
+    step: QueuedStep,
+    budget: Budget,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    max_trees: int = MAX_TREES_PER_STEP,
+) -> None:
+    """Spend ``budget`` on ``step.current`` and then on the queued trees in order.
+
+    One tree is open at a time: a tree is begun only once the one before it has ended, so
+    the descriptors held are those of one :class:`TreeRemover`.  Beginning a tree costs one
+    unit of the budget; at most ``max_trees`` are begun.  Each tree keeps every rule of
+    :class:`TreeRemover` (the inode the caller listed is checked when it is opened).
+
+    When the budget runs out in a tree while queued trees were not begun, that tree is
+    closed and becomes ``step.parked``: a huge tree then delays the others by at most about
+    one budget, instead of until it is gone.  Begun again later (same inode check), it goes
+    on with what is left; only the failures it remembered are tried once more.
+    """
+    allowance = Allowance(budget, clock)
+    begun = 0
+    while True:
+        remover = step.current
+        if remover is None:
+            if step.taken >= len(step.queued) or begun >= max_trees:
+                return
+            allowance.check_clock()  # a tree's files can be slow to free: at each tree
+            if allowance.exhausted():
+                return
+            name, ino = step.queued[step.taken]
+            remover = step.current = TreeRemover(step.root, name, expect_ino=ino, clock=clock)
+            step.taken += 1
+            begun += 1
+            allowance.spend()
+        if not remover.step(allowance):
+            # The budget ran out in this tree: it stays open for the next step, unless
+            # others wait behind it.
+            if step.taken < len(step.queued):
+                step.current = None
+                remover.close()
+                step.parked = remover
+            return
+        step.current = None
+        remover.close()
+        step.ended.append(remover)

@@ -108,6 +108,7 @@ INACTIVE = frozenset(
         "HamiTrioBrokerPeerErrors",
         "HamiTrioMigLockDirUnsafe",
         "HamiTrioRemovalsFailing",
+        "HamiTrioRemovalsBacklogged",
         "HamiTrioCollectorErrors",
     }
 )

@@ -41,6 +41,7 @@ ALERTS = frozenset(
         "HamiTrioForeignMonitor",
         "HamiTrioForeignBroker",
         "HamiTrioRemovalsFailing",
+        "HamiTrioRemovalsBacklogged",
         "HamiTrioCollectorErrors",
     }
 )
@@ -123,8 +124,20 @@ def test_every_alert_is_tested_firing_and_silent() -> None:
         ("for: 5m", "for: 1m"),
         ('processes{state="unknown"} > 0', 'processes{state!="running"} > 0'),
         ("for: 10m", "for: 5m"),
+        ("> 3 * hami_trio_monitor_resync_interval_seconds", "> 0"),
+        ("> 3 * hami_trio_monitor_resync_interval_seconds", "> 3 * 300"),
     ],
-    ids=["memory", "mig-pause", "broker-timeout", "lock-parent", "for", "pid-state", "pid-for"],
+    ids=[
+        "memory",
+        "mig-pause",
+        "broker-timeout",
+        "lock-parent",
+        "for",
+        "pid-state",
+        "pid-for",
+        "backlog-threshold",
+        "backlog-resync",
+    ],
 )
 def test_the_unit_tests_catch_a_changed_rule(tmp_path: Path, old: str, new: str) -> None:
     text = RULES.read_text()

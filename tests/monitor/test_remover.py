@@ -24,9 +24,18 @@ import trio
 import trio.testing
 from prometheus_client import CollectorRegistry
 
+from hami_trio.monitor.lister import ContainerLister
 from hami_trio.monitor.loop import Monitor, MonitorConfig
-from hami_trio.monitor.remover import MAX_DEPTH, MOVED_PREFIX, Budget, TreeRemover
-from hami_trio.pods.source import StaticPodSource
+from hami_trio.monitor.remover import (
+    MAX_DEPTH,
+    MOVED_PREFIX,
+    Budget,
+    QueuedStep,
+    TreeRemover,
+    remove_queued,
+)
+from hami_trio.pods.source import PodInfo, StaticPodSource
+from hami_trio.testing.regions import RegionSpec, write_region
 
 UNLIMITED = Budget(ops=10**9, seconds=1e6)
 
@@ -457,6 +466,189 @@ def test_subtrees_below_the_depth_limit_are_moved_up_inside_the_tree(containers:
     assert not top.exists()
 
 
+# -- many trees per step ---------------------------------------------------------------------
+
+
+def gone_container(containers: Path, name: str) -> int:
+    """A container directory of the usual shape (two 2 MB ``.cache`` files, sparse); its
+    inode, as the lister would have listed it."""
+    directory = containers / name
+    directory.mkdir()
+    for file in ("a.cache", "b.cache"):
+        write_region(directory / file, RegionSpec(uuids=["GPU-0"]))
+    return directory.stat().st_ino
+
+
+def test_one_step_removes_every_queued_tree_its_budget_covers(containers: Path) -> None:
+    queued: list[tuple[str, int | None]] = [
+        (f"gone{index:03d}_c", gone_container(containers, f"gone{index:03d}_c"))
+        for index in range(300)
+    ]
+    baseline = open_fds()
+    step = QueuedStep(str(containers), None, queued)
+    remove_queued(step, Budget(seconds=60))  # 20,000 entries: 300 trees of 4 fit
+    assert step.taken == 300
+    assert step.current is None
+    assert [remover.outcome for remover in step.ended] == ["removed"] * 300
+    assert os.listdir(containers) == []
+    assert open_fds() == baseline
+
+
+def test_a_step_over_many_trees_stays_within_its_budget(containers: Path) -> None:
+    """Each tree costs four units here (begin, two files, the directory): a 50-unit budget
+    ends a step a dozen trees in, often in the middle of one; the last one is left open for
+    the next step, one stopped in while others wait goes behind them."""
+    queued: list[tuple[str, int | None]] = [
+        (f"gone{index:03d}_c", gone_container(containers, f"gone{index:03d}_c"))
+        for index in range(100)
+    ]
+    baseline = open_fds()
+    current: TreeRemover | None = None
+    ended: list[TreeRemover] = []
+    steps = parked = 0
+    while queued or current is not None:
+        step = QueuedStep(str(containers), current, queued)
+        remove_queued(step, Budget(ops=50))
+        assert step.taken <= 25  # two units at least (begin, the directory) per tree
+        ended += step.ended
+        queued, current = queued[step.taken :], step.current
+        if step.parked is not None:
+            assert current is None
+            parked += 1
+            queued.append((step.parked.name, step.parked.inode))
+        # At most one tree open between steps.
+        assert open_fds() - baseline <= (0 if current is None else 2 * MAX_DEPTH + 1)
+        steps += 1
+        assert steps < 100
+    assert steps >= 8
+    assert parked >= 1
+    assert len(ended) == 100
+    assert {remover.outcome for remover in ended} == {"removed"}
+    assert os.listdir(containers) == []
+    assert open_fds() == baseline
+
+
+def test_a_huge_tree_goes_behind_the_trees_queued_after_it(containers: Path) -> None:
+    """The attack: a tenant fills its directory with 20,000 files before its pod ends, so
+    that the pods' directories queued after it wait until all of them are gone.  Now the
+    huge one is put behind the others once a step runs out in it."""
+    big = containers / "big_c"
+    big.mkdir()
+    fill_with_files(big, 20_000)
+    queued: list[tuple[str, int | None]] = [("big_c", big.stat().st_ino)]
+    queued += [
+        (f"small{index:02d}_c", gone_container(containers, f"small{index:02d}_c"))
+        for index in range(20)
+    ]
+    step = QueuedStep(str(containers), None, queued)
+    remove_queued(step, Budget(ops=2000, seconds=60))
+    assert step.ended == []
+    assert step.current is None
+    assert step.parked is not None
+    assert step.parked.name == "big_c"
+    assert step.parked.inode == big.stat().st_ino
+    second = QueuedStep(str(containers), None, [*queued[1:], ("big_c", step.parked.inode)])
+    remove_queued(second, Budget(ops=2000, seconds=60))
+    assert [remover.name for remover in second.ended] == [name for name, _ in queued[1:]]
+    assert os.listdir(containers) == ["big_c"]
+    assert second.current is not None  # nothing else waits: left open, resumed next step
+    assert second.current.name == "big_c"
+    while second.current is not None:
+        second = QueuedStep(str(containers), second.current, [])
+        remove_queued(second, Budget(ops=2000, seconds=60))
+    assert second.ended[0].outcome == "removed"
+    assert os.listdir(containers) == []
+
+
+async def test_the_lister_puts_a_huge_tree_behind_the_others(containers: Path) -> None:
+    big = containers / "big_c"
+    big.mkdir()
+    fill_with_files(big, 20_000)
+    for index in range(20):
+        gone_container(containers, f"small{index:02d}_c")
+    for name in os.listdir(containers):
+        make_old(containers / name)
+    outcomes: list[str] = []
+    lister = ContainerLister(
+        containers,
+        StaticPodSource([]),
+        resync_interval=60,
+        on_removal=outcomes.append,
+        removal_budget=Budget(ops=2000, seconds=60),
+    )
+    await lister.update()
+    assert lister.removals_pending == 21
+    assert await lister.remove_step()
+    assert await lister.remove_step()
+    assert os.listdir(containers) == ["big_c"]
+    assert outcomes == ["removed"] * 20
+    assert lister.removal_in_progress  # the huge one, resumed by the next steps
+    steps = 0
+    while await lister.remove_step():
+        steps += 1
+        assert steps < 100
+    assert outcomes == ["removed"] * 21
+    assert os.listdir(containers) == []
+    lister.close()
+
+
+def test_a_step_begins_at_most_max_trees(containers: Path) -> None:
+    queued: list[tuple[str, int | None]] = [(f"missing{index}_c", None) for index in range(50)]
+    step = QueuedStep(str(containers), None, queued)
+    remove_queued(step, Budget(), max_trees=7)
+    assert step.taken == 7
+    assert len(step.ended) == 7
+
+
+def test_hostile_trees_in_one_step_keep_every_rule_and_spare_the_others(
+    containers: Path, outside: Path
+) -> None:
+    """One step over a queue that holds, between plain containers, a tree with symlinks to
+    the host and a FIFO, a tree replaced since it was listed and a 5,000-deep chain: nothing
+    outside is touched, the replaced one is refused, every other one goes."""
+    queued: list[tuple[str, int | None]] = []
+    queued.append(("plain0_c", gone_container(containers, "plain0_c")))
+    links = containers / "links_c"
+    links.mkdir()
+    (links / "to_host").symlink_to(outside)
+    (links / "to_file").symlink_to(outside / "keep")
+    (links / "to_fifo").symlink_to(outside / "fifo")
+    os.mkfifo(links / "fifo")
+    os.link(outside / "keep", links / "hardlink")
+    queued.append(("links_c", links.stat().st_ino))
+    replaced = containers / "replaced_c"
+    replaced.mkdir()
+    listed = replaced.stat().st_ino
+    (containers / "spacer").mkdir()  # keeps the old inode from being reused at once
+    replaced.rmdir()
+    replaced.mkdir()
+    (replaced / "f").touch()
+    queued.append(("replaced_c", listed))
+    deep = containers / "deep_c"
+    deep.mkdir()
+    chain(deep, 5000)
+    queued.append(("deep_c", deep.stat().st_ino))
+    queued.append(("plain1_c", gone_container(containers, "plain1_c")))
+    before = snapshot(outside)
+    baseline = open_fds()
+    if replaced.stat().st_ino == listed:  # pragma: no cover - inode reused anyway
+        pytest.skip("the file system reused the inode")
+    step = QueuedStep(str(containers), None, queued)
+    remove_queued(step, UNLIMITED)
+    outcomes = {remover.name: remover.outcome for remover in step.ended}
+    assert outcomes == {
+        "plain0_c": "removed",
+        "links_c": "removed",
+        "replaced_c": "failed",
+        "deep_c": "removed",
+        "plain1_c": "removed",
+    }
+    assert sorted(os.listdir(containers)) == ["replaced_c", "spacer"]
+    assert (replaced / "f").exists()
+    assert snapshot(outside) == before
+    assert open_fds() == baseline
+
+
 # -- the real Monitor ------------------------------------------------------------------------
 
 
@@ -543,3 +735,102 @@ def test_stopping_the_monitor_mid_removal_leaves_no_thread_or_descriptor(
     assert not monitor.lister.removal_in_progress
     assert monitor.lister.removals_pending == 1
     assert open_fds() == baseline
+
+
+class ChurningPods:
+    """A pod source whose pods come and go (what the pod watch reports under churn)."""
+
+    def __init__(self, pods: list[PodInfo]) -> None:
+        self.pods = {pod.uid: pod for pod in pods}
+
+    @property
+    def ready(self) -> bool:
+        return True
+
+    @property
+    def authoritative(self) -> bool:
+        return True
+
+    def lookup(self, uid: str) -> PodInfo | None:
+        return self.pods.get(uid)
+
+
+@pytest.mark.slow
+def test_steady_churn_keeps_the_removal_queue_bounded(containers: Path) -> None:
+    """Half an hour of a busy batch node at the default 5 s interval: every tick 6 pods start,
+    each with a container directory of the usual shape (two 2 MB ``.cache`` files), live
+    for 30 s, then deleted; their directories go once older than the 60 s resync interval -
+    6 directories a tick (1.2 a second), as in a soak that saw 1.07.  After every tick the
+    removal step runs (what ``serve_removals`` does).  Before: one directory per step, so
+    the queue grew by 5 a tick without bound (and its oldest entry's wait with it); now the
+    queue and the wait stay flat, and the self-metrics say so."""
+    interval, resync, per_tick, lifetime_ticks, ticks = 5.0, 60.0, 6, 6, 360
+    base_wall = time.time()
+    live = [PodInfo(uid=f"live{index:03d}", namespace="n", name=f"l{index}") for index in range(40)]
+    for pod in live:
+        (containers / f"{pod.uid}_main").mkdir()
+        write_region(containers / f"{pod.uid}_main" / "x.cache", RegionSpec(uuids=["GPU-0"]))
+    pods = ChurningPods(live)
+    registry = CollectorRegistry()
+
+    def wall() -> float:
+        return base_wall + trio.current_time()
+
+    monitor = Monitor(
+        MonitorConfig(
+            hook_path=containers.parent,
+            interval=interval,
+            resync_interval=resync,
+            mig_lock_path=containers.parent / "mig" / "hami-mig-apply.lock",
+        ),
+        pod_source=pods,
+        registry=registry,
+        wall_clock=wall,
+    )
+    started: list[list[str]] = []
+    pending: list[int] = []
+    oldest: list[float] = []
+
+    def gauge(name: str) -> float:
+        value = registry.get_sample_value(name)
+        assert value is not None
+        return value
+
+    async def main() -> None:
+        for tick in range(ticks):
+            batch = []
+            for index in range(per_tick):
+                uid = f"churn{tick:04d}x{index}"
+                pods.pods[uid] = PodInfo(uid=uid, namespace="n", name=uid)
+                directory = containers / f"{uid}_main"
+                directory.mkdir()
+                write_region(directory / "a.cache", RegionSpec(uuids=["GPU-0"]))
+                write_region(directory / "b.cache", RegionSpec(uuids=["GPU-1"]))
+                os.utime(directory, (wall(), wall()))
+                batch.append(uid)
+            started.append(batch)
+            if tick >= lifetime_ticks:
+                for uid in started[tick - lifetime_ticks]:
+                    del pods.pods[uid]  # the pod is deleted
+            await monitor.tick()
+            pending.append(monitor.lister.removals_pending)
+            oldest.append(monitor.lister.oldest_removal_age())
+            assert gauge("hami_trio_monitor_removals_pending") == pending[-1]
+            assert gauge("hami_trio_monitor_removal_oldest_pending_seconds") == oldest[-1]
+            # Fails fast on a queue that grows (and keeps /dev/shm small if it does).
+            assert pending[-1] <= 4 * per_tick, (tick, pending[-1])
+            await monitor.lister.remove_step()
+            await trio.sleep(interval)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    removed = registry.get_sample_value("hami_trio_monitor_removals_total", {"outcome": "removed"})
+    # Every pod deleted more than the resync interval (and one tick) ago is gone.
+    expected = (ticks - lifetime_ticks - int(resync / interval) - 1) * per_tick
+    assert removed is not None
+    assert removed >= expected
+    assert max(pending) <= 2 * per_tick
+    assert max(oldest) <= 2 * interval
+    assert registry.get_sample_value("hami_trio_monitor_removals_total", {"outcome": "failed"}) == 0
+    assert gauge("hami_trio_monitor_resync_interval_seconds") == resync
+    remaining = len(os.listdir(containers))
+    assert remaining <= len(live) + per_tick * (lifetime_ticks + int(resync / interval) + 2)
