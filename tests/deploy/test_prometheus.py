@@ -110,6 +110,8 @@ INACTIVE = frozenset(
         "HamiTrioRemovalsFailing",
         "HamiTrioRemovalsBacklogged",
         "HamiTrioCollectorErrors",
+        "HamiTrioForeignMonitor",
+        "HamiTrioForeignBroker",
     }
 )
 
