@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import http.client
 import os
 import resource
 import socket
@@ -408,7 +409,7 @@ def _gzip_scrape(port: int, timeout: float = 5.0) -> bool:
     try:
         with urllib.request.urlopen(request, timeout=timeout) as reply:
             body = gzip.decompress(reply.read())
-    except OSError:  # refused, reset, timed out, 503
+    except (OSError, EOFError, http.client.HTTPException):  # refused, reset, cut, 503
         return False
     return time.monotonic() < deadline and body.endswith(b"# EOF\n") and b"test_series" in body
 
@@ -419,7 +420,7 @@ def _probe(port: int, path: str, timeout: float = 3.0) -> bool:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as reply:
             reply.read()
             return reply.status == 200
-    except OSError:
+    except (OSError, http.client.HTTPException):
         return False
 
 
