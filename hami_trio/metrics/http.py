@@ -369,6 +369,8 @@ def make_app(
     """
     checks = dict(checks or {})
     stats = stats or HttpStats()
+    # A flood of scrapes must not become a flood of log lines: once a minute, with a count.
+    log_limiter = RateLimiter(_LOG_INTERVAL, max_keys=4, clock=trio.current_time)
 
     async def respond(
         send: _Send,
@@ -398,13 +400,29 @@ def make_app(
         except RenderQueueFull as full:
             # Never a wait: the client is told when to come back, the connection is free.
             stats.scrapes["busy"] += 1
+            suppressed = log_limiter.check("busy")
+            if suppressed is not None:
+                _log.warning(
+                    "/metrics answered 503: %d renders of uncached requests (name[], other "
+                    "formats) pending (%d in total, %d not logged since the last)",
+                    cache.max_pending,
+                    stats.scrapes["busy"],
+                    suppressed,
+                    extra={"event": "http_busy"},
+                )
             retry = [(b"content-type", _TEXT), (b"retry-after", str(full.retry_after).encode())]
             await respond(send, 503, b"busy: too many renders queued\n", retry, head=head)
             return
         except Exception:
             # A collector bug must cost one scrape, not the endpoint.
             stats.scrapes["failed"] += 1
-            _log.exception("rendering /metrics failed")
+            suppressed = log_limiter.check("failed")
+            if suppressed is not None:
+                _log.exception(
+                    "rendering /metrics failed (%d in total, %d not logged since the last)",
+                    stats.scrapes["failed"],
+                    suppressed,
+                )
             await respond(send, 500, b"internal error while collecting metrics\n", head=head)
             return
         stats.scrapes[answer] += 1

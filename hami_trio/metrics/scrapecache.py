@@ -184,6 +184,11 @@ class ScrapeCache:
         self.compressions = 0
 
     @property
+    def max_pending(self) -> int:
+        """Uncached renders that may be pending at once."""
+        return self._max_pending
+
+    @property
     def retry_after(self) -> int:
         """Seconds a refused scrape is told to wait (``Retry-After``): the window, at least 1."""
         return max(1, math.ceil(self._window))

@@ -487,7 +487,7 @@ class Gate(Collector):
 
 
 async def test_a_full_render_queue_is_answered_503_at_once_and_probes_never_wait(
-    nursery: trio.Nursery, registry: CollectorRegistry
+    nursery: trio.Nursery, registry: CollectorRegistry, caplog: pytest.LogCaptureFixture
 ) -> None:
     gated = Gate()
     registry.register(gated)
@@ -513,6 +513,7 @@ async def test_a_full_render_queue_is_answered_503_at_once_and_probes_never_wait
         assert time.monotonic() - started < 8  # generous: the held render takes 20 s
         gated.gate.set()
     assert stats.scrapes["busy"] == 1
+    assert "/metrics answered 503: 1 renders of uncached requests" in caplog.text
     text = (await fetch(port, "/metrics?name[]=hami_trio_http_scrapes_total")).body.decode()
     assert 'hami_trio_http_scrapes_total{answer="busy"} 1.0' in text
     assert 'hami_trio_http_scrapes_total{answer="shared"} 1.0' in text
