@@ -426,7 +426,7 @@ def _probe(port: int, path: str, timeout: float = 3.0) -> bool:
 
 @pytest.mark.slow
 async def test_a_flood_of_gzip_scrapes_that_never_read_starves_neither_scrapes_nor_probes(
-    nursery: trio.Nursery, many_fds: None
+    nursery: trio.Nursery,
 ) -> None:
     """Another pod opens 500 connections a second, each asking for /metrics with gzip and
     never reading; meanwhile Prometheus scrapes 20 times and the kubelet probes.
@@ -578,9 +578,7 @@ def _slow_reader(port: int, source: str, reading: threading.Event) -> int:
     return total
 
 
-async def test_an_answer_making_progress_is_never_the_one_evicted(
-    nursery: trio.Nursery, many_fds: None
-) -> None:
+async def test_an_answer_making_progress_is_never_the_one_evicted(nursery: trio.Nursery) -> None:
     registry = _padded_registry(4096)  # 4 MiB: a slow reader takes seconds
     stats = HttpStats()
     limits = HttpLimits(max_connections=2, max_connections_per_peer=2, request_timeout=60)
