@@ -34,15 +34,20 @@ def tcp_connections(port: int, pid: int | str = "self") -> int:
     return count
 
 
-def stalled_client(port: int, path: str = "/metrics") -> tuple[socket.socket, bool]:
+def stalled_client(
+    port: int, path: str = "/metrics", source: str = ""
+) -> tuple[socket.socket, bool]:
     """A client of ``127.0.0.1:port`` that sends ``GET <path>`` and never reads (4 KiB
     receive buffer, so the answer stays in the server); whether the request went out (the
-    server may close a connection before it does)."""
+    server may close a connection before it does).  ``source``: the address to connect from
+    (another ``127.0.0.x`` stands for another pod)."""
     request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect
     sock.settimeout(5)
     try:
+        if source:
+            sock.bind((source, 0))
         sock.connect(("127.0.0.1", port))
         sock.sendall(request)
     except OSError:

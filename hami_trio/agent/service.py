@@ -491,7 +491,14 @@ class _Agent:
             self.supervise,
             "metrics",
             partial(
-                serve_http, config.metrics_bind, registry, self.checks, limits=config.http_limits
+                serve_http,
+                config.metrics_bind,
+                registry,
+                self.checks,
+                limits=config.http_limits,
+                # One body per tick: every scrape between two ticks shares it.
+                freshness=monitor_config.interval,
+                generation=lambda: monitor.ticks,
             ),
         )
         debug_bound: BindAddress | None = None

@@ -3,10 +3,15 @@
 How this works: :func:`make_app` is a small ASGI application for the three paths, and
 :func:`serve_http` a small HTTP/1.1 server of our own (trio and h11) that runs it in the
 agent's nursery.  Every pod can reach the port, so each connection is hostile and bounded
-(:class:`HttpLimits`): HTTP/1.1 only, a connection cap that evicts the oldest waiter, one
-deadline per request and a shorter one for its head, bodies never read, every outcome counted
-by :class:`HttpCollector`.  ``/metrics`` renders the registry in a worker thread (content
-negotiation, gzip, ``name[]``); ``/readyz`` runs the injected checks.  The socket is bound
+(:class:`HttpLimits`): HTTP/1.1 only, a connection cap per peer and in all (at the cap the
+peer holding the most connections loses its longest waiter; an answer that is making progress
+is never closed), one deadline per request and a shorter one for its head, bodies never read,
+every outcome counted by :class:`HttpCollector`.  ``/metrics`` answers from
+:class:`~hami_trio.metrics.scrapecache.ScrapeCache`: one body per format and freshness window,
+rendered in a worker thread and shared by every scrape in the window (content negotiation,
+gzip); an uncached render (``name[]``) that finds the render queue full is answered ``503``
+with ``Retry-After`` at once.  ``/healthz`` and ``/readyz`` never render nor queue;
+``/readyz`` runs the injected checks.  The socket is bound
 here, Go ``net.Listen`` style, so a busy port fails start-up with an
 :class:`~hami_trio.errors.HttpServerError` before ``task_status.started()``.  Paths, limits and
 binding: docs/metrics.md.
@@ -22,10 +27,10 @@ import errno
 import logging
 import socket
 import time
-import zlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final, Literal, Protocol, cast, get_args
 from urllib.parse import parse_qs, unquote
 
@@ -39,9 +44,16 @@ from prometheus_client.registry import Collector
 from hami_trio.errors import ConfigError, HttpServerError
 from hami_trio.goparse import BindAddress
 from hami_trio.logs import RateLimiter
+from hami_trio.metrics.scrapecache import (
+    PART,
+    RenderQueueFull,
+    ScrapeCache,
+    coalesce,
+)
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_CONNECTIONS_PER_PEER",
     "DEFAULT_REQUEST_TIMEOUT",
     "ASGIApp",
     "HttpCollector",
@@ -79,8 +91,10 @@ Route = Callable[[Mapping[str, list[str]]], RouteAnswer]
 _TEXT: Final = b"text/plain; charset=utf-8"
 _EOF: Final = b"# EOF\n"
 
-#: Connections served at once; one more closes the oldest (see :class:`HttpLimits`).
+#: Connections served at once; one more closes a waiting one (see :class:`HttpLimits`).
 DEFAULT_MAX_CONNECTIONS: Final = 64
+#: Connections one peer (client address) may hold at once.
+DEFAULT_MAX_CONNECTIONS_PER_PEER: Final = 16
 #: Seconds from a request's first byte to the last byte of its answer.  Prometheus' own
 #: scrape timeout is at most its scrape interval and 10 s by default.
 DEFAULT_REQUEST_TIMEOUT: Final = 10.0
@@ -88,17 +102,36 @@ _RECEIVE_SIZE: Final = 16384
 _SMALL_BODY: Final = 65536
 _LOG_INTERVAL: Final = 60.0
 _ACCEPT_BACKOFF: Final = 0.1  # after EMFILE and the like: let connections finish first
+#: An answer is making progress while parts of it keep going out: the last one within
+#: ``_PROGRESS_GRACE`` seconds (a client that reads takes a 64 KiB part in well under that),
+#: after more than ``_PROGRESS_AFTER`` bytes of it went out - more than the kernel's buffers
+#: take from a client that never reads (a 64 KiB send buffer, doubled by the kernel, and
+#: the client's receive buffer, about 128 KiB until it reads).
+_PROGRESS_GRACE: Final = 1.0
+_PROGRESS_AFTER: Final = 512 * 1024
 
 #: How a connection ended (the ``outcome`` label of ``hami_trio_http_connections_total``).
 Outcome = Literal[
     "closed",  # the client closed, asked to close, or its keep-alive idle time passed
     "evicted",  # closed at the connection cap to make room for a new connection
+    "peer_cap",  # closed unread at the accept: its peer held its connection cap
+    "rejected",  # closed unread at the accept: the connection cap, and no room to be made
     "header_timeout",  # the request head was not complete within its deadline
     "response_timeout",  # the request was not answered (the client did not read) in time
     "bad_request",  # malformed or oversized head, HTTP/2 preface, unsupported version
     "accept_failed",  # accept() itself failed (descriptor or memory exhaustion)
 ]
 OUTCOMES: Final[tuple[Outcome, ...]] = get_args(Outcome)
+
+#: How a ``/metrics`` request was answered (the ``answer`` label of
+#: ``hami_trio_http_scrapes_total``).
+ScrapeAnswer = Literal[
+    "rendered",  # a render was started for it
+    "shared",  # the body of its freshness window (kept, or in flight) was sent
+    "busy",  # 503: the render queue was full
+    "failed",  # 500: the render raised
+]
+SCRAPE_ANSWERS: Final[tuple[ScrapeAnswer, ...]] = get_args(ScrapeAnswer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +140,16 @@ class HttpLimits:
 
     Attributes:
         max_connections: connections served at once.  A connection accepted at the cap
-            closes the one whose current request (or accept, or last answer) is oldest.
+            closes one of the peer (client address) holding the most connections, if that
+            peer holds at least two more than the new connection's peer (or is its only
+            peer): the one whose current request (or accept, or last answer) is oldest,
+            never one whose answer is making progress.  Otherwise the new connection is
+            closed unread (``rejected``).
+        max_connections_per_peer: connections one peer may hold; one more is closed unread
+            (``peer_cap``).
+        max_pending_renders: ``/metrics`` renders of requests whose body is not kept
+            (``name[]``, odd formats) waiting or running at once; one more is answered
+            ``503`` with ``Retry-After`` at once.
         request_timeout: seconds from a request's first byte (a connection's first request:
             from the accept) to the last byte of its answer; a client still sending its
             request or not reading the answer by then is closed.
@@ -125,11 +167,20 @@ class HttpLimits:
     header_timeout: float = 5.0
     keep_alive_timeout: float = 5.0
     max_request_head: int = 16384
-    backlog: int = 64
+    backlog: int = 4096
     send_buffer: int = 65536
+    max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER
+    max_pending_renders: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("max_connections", "max_request_head", "backlog", "send_buffer"):
+        for name in (
+            "max_connections",
+            "max_request_head",
+            "backlog",
+            "send_buffer",
+            "max_connections_per_peer",
+            "max_pending_renders",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -146,10 +197,12 @@ class HttpStats:
         counts: connections ended, by outcome.
         open: connections open now.
         held_bytes: bytes of rendered answers not yet sent (freed when sent or closed).
+        scrapes: ``/metrics`` requests, by how they were answered.
     """
 
     def __init__(self) -> None:
         self.counts: dict[Outcome, int] = dict.fromkeys(OUTCOMES, 0)
+        self.scrapes: dict[ScrapeAnswer, int] = dict.fromkeys(SCRAPE_ANSWERS, 0)
         self.open = 0
         self.held_bytes = 0
 
@@ -182,6 +235,15 @@ class HttpCollector(Collector):
             "Bytes of rendered metrics-port answers not yet sent",
             stats.held_bytes,
         )
+        scrapes = CounterMetricFamily(
+            "hami_trio_http_scrapes",
+            "Metrics-port /metrics requests, by answer: rendered for it, shared (the body of "
+            "its freshness window), busy (503, render queue full), failed (500)",
+            labels=["answer"],
+        )
+        for answer in SCRAPE_ANSWERS:
+            scrapes.add_metric([answer], stats.scrapes[answer])
+        yield scrapes
 
 
 class SelfRendering(Protocol):
@@ -250,44 +312,6 @@ def render_pieces(
     return parts, content_type
 
 
-#: Bytes of the body the endpoint sends in one part (and compresses in one call).
-_PART: Final = 65536
-
-
-def _coalesce(pieces: list[bytes], size: int = _PART) -> Iterator[bytes]:
-    """``pieces`` joined into runs of about ``size`` bytes (one piece longer than that on its
-    own): what is sent or compressed at once, so no more than about one run is copied."""
-    run: list[bytes] = []
-    length = 0
-    for piece in pieces:
-        run.append(piece)
-        length += len(piece)
-        if length >= size:
-            yield b"".join(run)
-            run, length = [], 0
-    if run:
-        yield b"".join(run)
-
-
-def _render(
-    registry: CollectorRegistry, accept: str, encoding: str, names: list[str]
-) -> tuple[list[bytes], list[tuple[bytes, bytes]]]:
-    """Render the registry (runs in a worker thread): the body's pieces and the headers.
-
-    A compressed body is compressed here, run by run (the whole text is never joined); a
-    plain one comes back in its pieces, which the endpoint sends in runs."""
-    pieces, content_type = render_pieces(registry, accept, names)
-    headers = [(b"content-type", content_type.encode())]
-    if gzip_accepted(encoding):
-        # fast (level 1): scrapes are frequent and local; the gzip container, as gzip.compress
-        compressor = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-        out = [compressor.compress(run) for run in _coalesce(pieces)]
-        out.append(compressor.flush())
-        pieces = [b"".join(out)]
-        headers.append((b"content-encoding", b"gzip"))
-    return pieces, headers
-
-
 def progress_check(
     progress: Callable[[], int],
     *,
@@ -325,26 +349,28 @@ def progress_check(
 
 
 def make_app(
-    registry: CollectorRegistry,
+    cache: ScrapeCache,
     checks: Mapping[str, ReadinessCheck] | None = None,
     *,
-    max_concurrent_scrapes: int = 2,
+    stats: HttpStats | None = None,
 ) -> ASGIApp:
     """The ASGI application behind :func:`serve_http`.
 
     Args:
-        registry: what ``/metrics`` renders.
+        cache: where ``/metrics`` bodies come from (its :meth:`~ScrapeCache.serve` must run).
         checks: readiness checks by name, evaluated in order on every ``/readyz``.  A check
             that raises counts as failed (and is logged).  A failing check with a
             ``reason()`` method has its reason appended to its line; one with a true
             ``informational`` attribute is listed but does not make ``/readyz`` fail.
-        max_concurrent_scrapes: renders running at once in worker threads; more wait.
+        stats: where ``/metrics`` answers are counted (``scrapes``).
 
     Returns:
         An ASGI 3 callable (HTTP and lifespan scopes).
     """
     checks = dict(checks or {})
-    limiter = trio.CapacityLimiter(max_concurrent_scrapes)
+    stats = stats or HttpStats()
+    # A flood of scrapes must not become a flood of log lines: once a minute, with a count.
+    log_limiter = RateLimiter(_LOG_INTERVAL, max_keys=4, clock=trio.current_time)
 
     async def respond(
         send: _Send,
@@ -366,27 +392,51 @@ def make_app(
         }
         params = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         try:
-            pieces, headers = await trio.to_thread.run_sync(
-                _render,
-                registry,
+            body, answer = await cache.body(
                 request_headers.get("accept", ""),
-                request_headers.get("accept-encoding", ""),
+                gzip_accepted(request_headers.get("accept-encoding", "")),
                 params.get("name[]", []),
-                limiter=limiter,
             )
+        except RenderQueueFull as full:
+            # Never a wait: the client is told when to come back, the connection is free.
+            stats.scrapes["busy"] += 1
+            suppressed = log_limiter.check("busy")
+            if suppressed is not None:
+                _log.warning(
+                    "/metrics answered 503: %d renders of uncached requests (name[], other "
+                    "formats) pending (%d in total, %d not logged since the last)",
+                    cache.max_pending,
+                    stats.scrapes["busy"],
+                    suppressed,
+                    extra={"event": "http_busy"},
+                )
+            retry = [(b"content-type", _TEXT), (b"retry-after", str(full.retry_after).encode())]
+            await respond(send, 503, b"busy: too many renders queued\n", retry, head=head)
+            return
         except Exception:
             # A collector bug must cost one scrape, not the endpoint.
-            _log.exception("rendering /metrics failed")
+            stats.scrapes["failed"] += 1
+            suppressed = log_limiter.check("failed")
+            if suppressed is not None:
+                _log.exception(
+                    "rendering /metrics failed (%d in total, %d not logged since the last)",
+                    stats.scrapes["failed"],
+                    suppressed,
+                )
             await respond(send, 500, b"internal error while collecting metrics\n", head=head)
             return
-        length = sum(map(len, pieces))
-        if head or length <= _PART:
+        stats.scrapes[answer] += 1
+        pieces = body.pieces
+        headers = [(b"content-type", body.content_type.encode())]
+        if body.gzip:
+            headers.append((b"content-encoding", b"gzip"))
+        if head or body.length <= PART:
             await respond(send, 200, b"".join(pieces), headers, head=head)
             return
         # In runs, each sent before the next is joined: the body is never held whole.
-        headers.append((b"content-length", str(length).encode()))
+        headers.append((b"content-length", str(body.length).encode()))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        for run in _coalesce(pieces):
+        for run in coalesce(pieces):
             await send({"type": "http.response.body", "body": run, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -538,9 +588,29 @@ def open_listen_socket(bind: BindAddress) -> socket.socket:
 @dataclass(eq=False, slots=True)
 class _Connection:
     scope: trio.CancelScope
-    peer: str
+    peer: str  # address and port, for the logs
+    host: str = ""  # the peer's address: what the per-peer cap counts
     evicted: bool = False
-    rendering: bool = False  # its answer is being made: not the first to close at the cap
+    sending: bool = False  # its answer is going out
+    answer_sent: int = 0  # bytes of it that went out
+    progress_at: float = 0.0  # when the last part of it went out
+
+    def progressing(self, now: float) -> bool:
+        """Whether its answer is making progress: never closed at a cap."""
+        return (
+            self.sending
+            and self.answer_sent > _PROGRESS_AFTER
+            and now - self.progress_at < _PROGRESS_GRACE
+        )
+
+    def start_answer(self) -> None:
+        self.sending = True
+        self.answer_sent = 0
+
+    def sent(self, size: int) -> None:
+        """``size`` bytes of the answer went out."""
+        self.answer_sent += size
+        self.progress_at = trio.current_time()
 
 
 class _Server:
@@ -555,8 +625,9 @@ class _Server:
         self.stats = stats
         self.bound = bound
         # Oldest activity first: a connection moves to the end when accepted and when it
-        # starts a request; the first one is closed when the cap is reached.
+        # starts a request.  The same order per peer address, for the per-peer cap.
         self.connections: OrderedDict[_Connection, None] = OrderedDict()
+        self.peers: dict[str, OrderedDict[_Connection, None]] = {}
         self.log_limiter = RateLimiter(_LOG_INTERVAL, max_keys=16, clock=trio.current_time)
 
     def note(self, outcome: Outcome, peer: str) -> None:
@@ -590,27 +661,73 @@ class _Server:
                 self.note("accept_failed", f"? ({exc})")
                 await trio.sleep(_ACCEPT_BACKOFF)
                 continue
-            while len(self.connections) >= self.limits.max_connections:
-                self.evict()
-            nursery.start_soon(self.serve_connection, stream)
+            try:
+                address = stream.socket.getpeername()
+                host, peer = str(address[0]), f"{address[0]}:{address[1]}"
+            except OSError:
+                host = peer = "?"
+            refusal = self.make_room(host)
+            if refusal is not None:  # closed unread: a refused connection costs an accept
+                stream.socket.close()
+                self.note(refusal, peer)
+                continue
+            connection = _Connection(trio.CancelScope(), peer, host)
+            self.add(connection)
+            nursery.start_soon(self.serve_connection, stream, connection)
 
-    def evict(self) -> None:
-        """Close the connection that waits on its client the longest (the oldest if none)."""
-        victim = next((c for c in self.connections if not c.rendering), None)
+    def add(self, connection: _Connection) -> None:
+        self.connections[connection] = None
+        self.peers.setdefault(connection.host, OrderedDict())[connection] = None
+
+    def remove(self, connection: _Connection) -> None:
+        self.connections.pop(connection, None)
+        held = self.peers.get(connection.host)
+        if held is not None:
+            held.pop(connection, None)
+            if not held:
+                del self.peers[connection.host]
+
+    def touch(self, connection: _Connection) -> None:
+        """The connection starts a request: it is the newest of its peer and in all."""
+        if connection in self.connections:  # not if evicted (its cancel is pending)
+            self.connections.move_to_end(connection)
+            self.peers[connection.host].move_to_end(connection)
+
+    def make_room(self, host: str) -> Outcome | None:
+        """Make room for one more connection from ``host``, or say why it is refused.
+
+        A peer at its cap is refused (``peer_cap``): serving a flood's newcomer, only to
+        close one of its older connections, would cost the agent as much as the flood
+        sends.  At the total cap the peer holding the most connections loses its longest
+        waiter when it holds at least two more than ``host`` does (so a newcomer never
+        takes from a peer about as busy as its own, and peers in a flood cannot churn each
+        other's connections), or when ``host`` is the only peer; otherwise, or when all of
+        that peer's answers are making progress, the newcomer is refused (``rejected``).
+        """
+        now = trio.current_time()
+        held = self.peers.get(host)
+        count = 0 if held is None else len(held)
+        if count >= self.limits.max_connections_per_peer:
+            return "peer_cap"
+        while len(self.connections) >= self.limits.max_connections:
+            busiest = max(self.peers.values(), key=len)
+            alone = busiest is held and len(self.peers) == 1
+            if not (alone or len(busiest) >= count + 2) or not self.evict_from(busiest, now):
+                return "rejected"
+        return None
+
+    def evict_from(self, held: OrderedDict[_Connection, None], now: float) -> bool:
+        """Close the connection of ``held`` that waits the longest and is not making progress."""
+        victim = next((c for c in held if not c.progressing(now)), None)
         if victim is None:
-            victim = next(iter(self.connections))
-        del self.connections[victim]
+            return False
+        self.remove(victim)
         victim.evicted = True
         victim.scope.cancel()
+        return True
 
-    async def serve_connection(self, stream: trio.SocketStream) -> None:
-        try:
-            peer_address = stream.socket.getpeername()
-            peer = f"{peer_address[0]}:{peer_address[1]}"
-        except OSError:
-            peer = "?"
-        connection = _Connection(trio.CancelScope(), peer)
-        self.connections[connection] = None
+    async def serve_connection(self, stream: trio.SocketStream, connection: _Connection) -> None:
+        peer = connection.peer
         self.stats.open += 1
         outcome: Outcome = "closed"
         try:
@@ -625,7 +742,7 @@ class _Server:
             _log.exception("the metrics application's answer is not valid HTTP")
             outcome = "closed"
         finally:
-            self.connections.pop(connection, None)
+            self.remove(connection)
             self.stats.open -= 1
             stream.socket.close()  # synchronous: the kernel's buffers go now
         self.note(outcome, peer)
@@ -646,8 +763,7 @@ class _Server:
                     conn.receive_data(bytes(data))
                 started = trio.current_time()
             first = False
-            if connection in self.connections:  # not if evicted (its cancel is pending)
-                self.connections.move_to_end(connection)
+            self.touch(connection)
             head_done = False
             with trio.move_on_at(started + limits.request_timeout):
                 try:
@@ -734,17 +850,16 @@ class _Server:
                 return False
         reply = _Reply(self.stats, conn, stream, connection, close=has_body)
         try:
-            connection.rendering = True
-            try:
-                await self._call_app(request, reply)
-            finally:
-                connection.rendering = False
+            # Nothing protects the connection while its answer is made: it waits on the
+            # render like any other waiter, and may be the one closed at a cap.
+            await self._call_app(request, reply)
             if reply.streaming:
                 if not reply.ended:  # the application stopped half-way: the answer is cut
                     return False
             else:
                 await reply.send_whole()
         finally:
+            connection.sending = False
             reply.release()
         return not has_body
 
@@ -774,6 +889,8 @@ class _Server:
 
         try:
             await self.app(scope, receive, reply.send)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise  # the client went away while its answer went out: a close, not a bug
         except Exception:
             _log.exception("the metrics application failed on %s", raw_path)
             reply.failed()
@@ -825,11 +942,9 @@ class _Reply:
                 if not self.started:
                     raise RuntimeError("a response body before its start")
                 self._hold(self._declared())
+                self._connection.start_answer()
                 await self._stream.send_all(self._head())
                 self.streaming = True
-                # From here the answer waits on the client: the connection may be the one
-                # closed at the cap, like any other that waits on its client.
-                self._connection.rendering = False
                 parts, self.parts = self.parts, []
                 for part in parts:  # what came before, in one message each
                     await self._data(part)
@@ -871,14 +986,20 @@ class _Reply:
             self._hold(len(data))
         if len(data) <= _SMALL_BODY:
             await self._stream.send_all(self._conn.send(h11.Data(data=data)))
+            self._connection.sent(len(data))
         else:
             await self._passthrough(data)
         self._hold(-len(data))
 
     async def _passthrough(self, data: bytes) -> None:
-        """Send a large piece of body without copying it into the framing."""
+        """Send a large piece of body without copying it into the framing, in parts of
+        :data:`PART` bytes, each marking the answer as making progress."""
         for chunk in self._conn.send_with_data_passthrough(h11.Data(data=data)) or ():
-            await self._stream.send_all(chunk)
+            view = memoryview(chunk)
+            for offset in range(0, len(view), PART):
+                part = view[offset : offset + PART]
+                await self._stream.send_all(part)
+                self._connection.sent(len(part))
 
     async def send_whole(self) -> None:
         """Send an answer that came in one body message (or none: a 500)."""
@@ -889,6 +1010,7 @@ class _Reply:
         body = b"".join(self.parts)
         self.parts = []
         self._hold(len(body))
+        self._connection.start_answer()
         head = self._head()
         if len(body) <= _SMALL_BODY:  # one segment for the small answers
             await self._stream.send_all(head + self._conn.send(h11.Data(data=body)))
@@ -913,6 +1035,8 @@ async def serve_http(
     checks: Mapping[str, ReadinessCheck] | None = None,
     *,
     max_concurrent_scrapes: int = 2,
+    freshness: float = 0.0,
+    generation: Callable[[], Hashable] | None = None,
     limits: HttpLimits | None = None,
     stats: HttpStats | None = None,
     task_status: trio.TaskStatus[BindAddress] = trio.TASK_STATUS_IGNORED,
@@ -927,6 +1051,10 @@ async def serve_http(
         registry: the registry ``/metrics`` renders.
         checks: readiness checks for ``/readyz`` (see :func:`make_app`).
         max_concurrent_scrapes: concurrent ``/metrics`` renders.
+        freshness: seconds a rendered body is reused by later scrapes (the agent: its
+            monitor interval); 0: only scrapes that arrive during a render share it.
+        generation: a body is never reused once this returns another value (the agent:
+            the monitor's tick count); see :class:`ScrapeCache`.
         limits: what one client may cost (default :class:`HttpLimits`).
         stats: where the counters go (tests read them); a new one by default.
         task_status: ``started()`` receives the bound address (the real port when ``bind``
@@ -943,19 +1071,29 @@ async def serve_http(
         bound = BindAddress(host=bind.host if bind.host == "" else host, port=port)
         sock.listen(limits.backlog)
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-        app = make_app(registry, checks, max_concurrent_scrapes=max_concurrent_scrapes)
+        cache = ScrapeCache(
+            partial(render_pieces, registry),
+            window=freshness,
+            generation=generation,
+            max_concurrent=max_concurrent_scrapes,
+            max_pending=limits.max_pending_renders,
+        )
+        app = make_app(cache, checks, stats=stats)
         server = _Server(app, limits, stats, str(bound))
         collector = HttpCollector(stats)
         registry.register(collector)
         try:
             async with trio.open_nursery() as nursery:
+                await nursery.start(cache.serve)
                 nursery.start_soon(server.accept_loop, listener, nursery)
                 _log.info(
                     "serving /metrics, /healthz and /readyz on %s (HTTP/1.1, at most %d "
-                    "connections, %gs per request)",
+                    "connections, %d per peer, %gs per request, bodies kept %gs)",
                     bound,
                     limits.max_connections,
+                    limits.max_connections_per_peer,
                     limits.request_timeout,
+                    freshness,
                 )
                 task_status.started(bound)
         finally:

@@ -101,6 +101,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "service-monitor": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
     "hostpid-off-broker-off": {"devicePlugin": {"hostPID": False}},
     "network-policy": NETWORK_POLICY_ON,
+    "network-policy-off": {"networkPolicy": {"enabled": False}},
     "hostpid-on-broker-off": {"devicePlugin": {"hostPID": True}},
     "everything": {
         **BROKER_ON,
@@ -205,7 +206,7 @@ def test_every_manifest_is_valid_kubernetes(chart: Any, scenario: str) -> None:
     expected = {"DaemonSet", "Service", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
     if SCENARIOS[scenario].get("serviceMonitor", {}).get("enabled"):
         expected.add("ServiceMonitor")
-    if SCENARIOS[scenario].get("networkPolicy", {}).get("enabled"):
+    if SCENARIOS[scenario].get("networkPolicy", {}).get("enabled", True):
         expected.add("NetworkPolicy")
     assert set(by_kind) == expected
     for kind, docs in by_kind.items():
@@ -579,6 +580,14 @@ def test_service_monitor_shape(chart: Any) -> None:
         ({"migLockPath": "/tmp/hami/"}, "/migLockPath"),
         ({"devicePlugin": {"hostPID": "auto"}}, "/devicePlugin/hostPID"),
         ({"networkPolicy": {"enabled": "yes"}}, "/networkPolicy/enabled"),
+        (
+            {"networkPolicy": {"scraper": {"namespace": "Mon_1"}}},
+            "/networkPolicy/scraper/namespace",
+        ),
+        (
+            {"networkPolicy": {"scraper": {"podLabels": {"a": 1}}}},
+            "/networkPolicy/scraper/podLabels",
+        ),
         ({"networkPolicy": {"enabled": False, "scraper": {"pods": {}}}}, "pods"),
         ({"extraArgs": ["run"]}, "/extraArgs/0"),
         # The debug view shows host PIDs and file paths: the pod's loopback only.
@@ -672,8 +681,50 @@ def test_debug_view_stays_in_the_pod(
     )  # with the host's network, 127.0.0.1 would be the node's loopback
 
 
-def test_network_policy_is_off_by_default(chart: Any) -> None:
-    assert "NetworkPolicy" not in render(chart)
+KUBE_PROMETHEUS_STACK = {
+    # What the Prometheus operator labels a Prometheus pod with (kube-prometheus-stack's too),
+    # in the namespace its install guide uses.
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+}
+
+
+def test_network_policy_is_on_by_default_and_admits_kube_prometheus_stack(chart: Any) -> None:
+    """Without it every pod reads every tenant's pod names and GPU UUIDs off the port and
+    can flood it; the default names the usual Prometheus, and NOTES say how to change it."""
+    policy = only(render(chart), "NetworkPolicy")
+    assert policy["spec"]["ingress"] == [
+        {"from": [KUBE_PROMETHEUS_STACK], "ports": [{"port": "metrics", "protocol": "TCP"}]}
+    ]
+    text = notes(chart)
+    assert '{"matchLabels":{"app.kubernetes.io/name":"prometheus"}}' in text
+    assert '{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}' in text
+    assert "--set networkPolicy.scraper.namespace=<its namespace>" in text
+    assert "--set networkPolicy.enabled=false" in text
+
+
+def test_network_policy_short_forms_name_the_scraper(chart: Any) -> None:
+    scraper = {"namespace": "obs", "podLabels": {"app.kubernetes.io/name": None, "prom": "k8s"}}
+    policy = only(render(chart, {"networkPolicy": {"scraper": scraper}}), "NetworkPolicy")
+    assert policy["spec"]["ingress"][0]["from"] == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "obs"}},
+            "podSelector": {"matchLabels": {"prom": "k8s"}},
+        }
+    ]
+    # A full selector replaces the short form; no namespace at all: the release namespace.
+    scraper = {"namespace": "", "podSelector": {"matchLabels": {"app": "p"}}}
+    by_kind = render(chart, {"networkPolicy": {"scraper": scraper}})
+    assert only(by_kind, "NetworkPolicy")["spec"]["ingress"][0]["from"] == [
+        {"podSelector": {"matchLabels": {"app": "p"}}}
+    ]
+    assert f'{{"namespace":"{NAMESPACE}"}}' in notes(chart, {"networkPolicy": {"scraper": scraper}})
+
+
+def test_network_policy_can_be_turned_off_and_notes_say_what_that_opens(chart: Any) -> None:
+    values = {"networkPolicy": {"enabled": False}}
+    assert "NetworkPolicy" not in render(chart, values)
+    assert "every pod can reach port 9394" in notes(chart, values)
 
 
 def test_network_policy_admits_only_the_scraper_to_the_metrics_port(chart: Any) -> None:
@@ -698,8 +749,11 @@ def test_network_policy_admits_only_the_scraper_to_the_metrics_port(chart: Any) 
 
 @pytest.mark.parametrize(
     "scraper",
-    [None, {"namespaceSelector": {}, "podSelector": {}}],
-    ids=["defaults", "both-empty"],
+    [
+        {"namespace": "", "podLabels": None},
+        {"namespace": "", "podLabels": None, "namespaceSelector": {}, "podSelector": {}},
+    ],
+    ids=["no-defaults", "both-empty"],
 )
 def test_network_policy_without_a_scraper_selector_is_refused(
     chart: Any, scraper: dict[str, Any] | None

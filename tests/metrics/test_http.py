@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import http.client
 import os
 import resource
 import socket
@@ -41,6 +42,7 @@ from hami_trio.metrics.http import (
     serve_http,
     serve_routes,
 )
+from tests.httpflood import flooding
 from tests.procnet import stalled_client, tcp_connections
 
 
@@ -307,10 +309,15 @@ def _rss_mib() -> float:
     raise AssertionError("no VmRSS")
 
 
-def _stall(port: int, count: int) -> list[socket.socket]:
-    """``count`` clients that send ``GET /metrics`` and never read (4 KiB receive buffer)."""
-    # A client evicted before its request went out is kept too: the server chose to close it.
-    return [stalled_client(port)[0] for _ in range(count)]
+#: Ten pods' addresses (each within the per-peer cap, together over the total cap).
+PODS = tuple(f"127.0.0.{i}" for i in range(2, 12))
+
+
+def _stall(port: int, count: int, sources: tuple[str, ...] = PODS) -> list[socket.socket]:
+    """``count`` clients that send ``GET /metrics`` and never read (4 KiB receive buffer),
+    round-robin from ``sources``."""
+    # A client closed before its request went out is kept too: the server chose to close it.
+    return [stalled_client(port, source=sources[i % len(sources)])[0] for i in range(count)]
 
 
 @pytest.fixture
@@ -338,7 +345,8 @@ async def _until(predicate: Callable[[], bool], seconds: float) -> bool:
 async def test_stalled_clients_are_bounded_and_a_scrape_still_answers(
     nursery: trio.Nursery, many_fds: None
 ) -> None:
-    """1000 clients send GET /metrics and never read (a 128 KiB answer each).
+    """1000 clients from ten addresses send GET /metrics and never read (a 128 KiB answer
+    each).
 
     Before the fix every connection and its body stayed for ever (300 such clients: +72 MiB,
     1000: +236 MiB and the next scrape timed out; bench/http_stall.py).  Now the server holds
@@ -368,7 +376,8 @@ async def test_stalled_clients_are_bounded_and_a_scrape_still_answers(
         assert stats.open == 0
         assert stats.held_bytes == 0
         assert stats.counts["response_timeout"] >= 1
-        assert stats.counts["evicted"] + stats.counts["response_timeout"] >= 1000
+        closed = ("evicted", "peer_cap", "rejected", "response_timeout")
+        assert sum(stats.counts[outcome] for outcome in closed) >= 1000
     finally:
         for sock in socks:
             sock.close()
@@ -381,6 +390,222 @@ async def test_stalled_clients_are_bounded_and_a_scrape_still_answers(
     }
     assert samples["evicted"] == stats.counts["evicted"], (samples, stats.counts)
     assert samples["response_timeout"] == stats.counts["response_timeout"]
+
+
+#: What Prometheus 2.x asks for (its scrapes also ask for gzip).
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;"
+    "version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+)
+
+
+def _gzip_scrape(port: int, timeout: float = 5.0) -> bool:
+    """One scrape as Prometheus makes it: whether the whole body came within ``timeout``."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/metrics",
+        headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"},
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            body = gzip.decompress(reply.read())
+    except (OSError, EOFError, http.client.HTTPException):  # refused, reset, cut, 503
+        return False
+    return time.monotonic() < deadline and body.endswith(b"# EOF\n") and b"test_series" in body
+
+
+def _probe(port: int, path: str, timeout: float = 3.0) -> bool:
+    """A kubelet probe: whether ``path`` answered 200 within ``timeout``."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as reply:
+            reply.read()
+            return reply.status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+
+
+@pytest.mark.slow
+async def test_a_flood_of_gzip_scrapes_that_never_read_starves_neither_scrapes_nor_probes(
+    nursery: trio.Nursery,
+) -> None:
+    """Another pod opens 500 connections a second, each asking for /metrics with gzip and
+    never reading; meanwhile Prometheus scrapes 20 times and the kubelet probes.
+
+    Before the fix every request rendered anew behind a 2-slot limiter and a queued
+    attacker request was protected from eviction, so the scraper was the one closed: 0 of
+    20 scrapes finished within 5 s here.  Now one body serves every scrape that arrives
+    while it renders, the flood's peer loses its own connections at the per-peer cap, and
+    the probes never wait for a render.
+    """
+    registry = _padded_registry(1024)  # about 1 MiB of text, 10,240 samples
+    stats = HttpStats()
+    # As the agent serves it: a body is kept for the monitor's interval (5 s by default).
+    port = await start(nursery, registry, stats=stats, freshness=5.0)
+    assert await trio.to_thread.run_sync(_gzip_scrape, port, 20.0)  # warm
+    scrapes: list[bool] = []
+    probes: list[bool] = []
+
+    async def scrape_at(delay: float) -> None:
+        await trio.sleep(delay)
+        scrapes.append(await trio.to_thread.run_sync(_gzip_scrape, port))
+
+    async def probe_at(delay: float, path: str) -> None:
+        await trio.sleep(delay)
+        probes.append(await trio.to_thread.run_sync(_probe, port, path))
+
+    with flooding(port, sources=["127.0.0.2"], rate=500, seconds=14) as floods:
+        await trio.sleep(1.0)  # the flood is on
+        async with trio.open_nursery() as inner:
+            for i in range(20):
+                inner.start_soon(scrape_at, 0.4 * i)
+            for i in range(16):
+                inner.start_soon(probe_at, 0.5 * i, "/healthz" if i % 2 else "/readyz")
+    (figures,) = floods.results()
+    assert figures["opened"] + figures["connect_failed"] >= 4000, figures  # it did happen
+    assert sum(scrapes) >= 19, (scrapes, stats.counts, stats.scrapes)
+    assert all(probes), (probes, stats.counts)
+    # The flood's connections went at its own cap; its requests shared a few renders: at
+    # most one per key (the flood's text, the scraper's OpenMetrics) and 5 s window.
+    assert stats.counts["peer_cap"] + stats.counts["rejected"] >= 1000, stats.counts
+    assert stats.scrapes["rendered"] <= 12, stats.scrapes
+    assert stats.scrapes["shared"] >= 19, stats.scrapes
+
+
+class Gate(Collector):
+    """A collector whose collect waits for ``gate`` (a render held in its worker thread)."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+
+    def describe(self) -> list[Metric]:
+        return [GaugeMetricFamily("test_gated", "a gated family", value=1)]
+
+    def collect(self) -> Iterator[Metric]:
+        self.entered.set()
+        assert self.gate.wait(20)
+        yield GaugeMetricFamily("test_gated", "a gated family", value=1)
+
+
+async def test_a_full_render_queue_is_answered_503_at_once_and_probes_never_wait(
+    nursery: trio.Nursery, registry: CollectorRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    gated = Gate()
+    registry.register(gated)
+    stats = HttpStats()
+    limits = HttpLimits(max_pending_renders=1)
+    port = await start(
+        nursery, registry, stats=stats, limits=limits, max_concurrent_scrapes=1, freshness=2.0
+    )
+    assert (await fetch(port, "/metrics")).status == 200  # kept for 2 s
+    gated.gate.clear()
+    gated.entered.clear()
+    async with trio.open_nursery() as held:
+        held.start_soon(fetch, port, "/metrics?name[]=test_gated")
+        assert await trio.to_thread.run_sync(gated.entered.wait, 10)
+        started = time.monotonic()
+        busy = await fetch(port, "/metrics?name[]=test_gauge")
+        assert busy.status == 503
+        assert busy.headers["retry-after"] == "2"
+        # The kept body, the probes: nothing of them waits for the render that holds the queue.
+        assert (await fetch(port, "/metrics")).status == 200
+        assert (await fetch(port, "/healthz")).body == b"ok\n"
+        assert (await fetch(port, "/readyz")).status == 200
+        assert time.monotonic() - started < 8  # generous: the held render takes 20 s
+        gated.gate.set()
+    assert stats.scrapes["busy"] == 1
+    assert "/metrics answered 503: 1 renders of uncached requests" in caplog.text
+    text = (await fetch(port, "/metrics?name[]=hami_trio_http_scrapes_total")).body.decode()
+    assert 'hami_trio_http_scrapes_total{answer="busy"} 1.0' in text
+    assert 'hami_trio_http_scrapes_total{answer="shared"} 1.0' in text
+
+
+def _connect(port: int, source: str) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
+    return sock
+
+
+def _closed_unread(sock: socket.socket) -> bool:
+    """Whether the server closed ``sock`` without answering."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+async def test_a_peer_at_its_cap_is_refused_and_the_busiest_peer_pays_at_the_total_cap(
+    nursery: trio.Nursery, registry: CollectorRegistry
+) -> None:
+    stats = HttpStats()
+    limits = HttpLimits(max_connections=4, max_connections_per_peer=3)
+    port = await start(nursery, registry, stats=stats, limits=limits)
+    socks = [await trio.to_thread.run_sync(_connect, port, "127.0.0.2") for _ in range(3)]
+    try:
+        assert await _until(lambda: stats.open == 3, seconds=5)
+        socks.append(await trio.to_thread.run_sync(_connect, port, "127.0.0.2"))
+        assert await trio.to_thread.run_sync(_closed_unread, socks[-1])
+        assert stats.counts["peer_cap"] == 1
+        socks.append(await trio.to_thread.run_sync(_connect, port, "127.0.0.3"))
+        assert await _until(lambda: stats.open == 4, seconds=5)  # the total cap
+        # A peer with none takes from the busiest (3 >= 0 + 2): its oldest connection goes.
+        assert (await fetch(port, "/healthz")).status == 200
+        assert stats.counts["evicted"] == 1
+        assert await trio.to_thread.run_sync(_closed_unread, socks[0])
+        # 127.0.0.3 holds 1, the busiest 2: not enough more to take from (no churn).
+        assert await _until(lambda: stats.open == 3, seconds=5)
+        socks.append(await trio.to_thread.run_sync(_connect, port, "127.0.0.4"))
+        assert await _until(lambda: stats.open == 4, seconds=5)
+        socks.append(await trio.to_thread.run_sync(_connect, port, "127.0.0.3"))
+        assert await trio.to_thread.run_sync(_closed_unread, socks[-1])
+        assert stats.counts["rejected"] == 1
+        assert stats.counts["evicted"] == 1
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def _slow_reader(port: int, source: str, reading: threading.Event) -> int:
+    """GET /metrics and read it all, 64 KiB at a time with a pause; the body bytes read."""
+    with _connect(port, source) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        total = 0
+        while chunk := sock.recv(65536):
+            total += len(chunk)
+            if total > 1 << 20:
+                reading.set()
+                time.sleep(0.02)
+    return total
+
+
+async def test_an_answer_making_progress_is_never_the_one_evicted(nursery: trio.Nursery) -> None:
+    registry = _padded_registry(4096)  # 4 MiB: a slow reader takes seconds
+    stats = HttpStats()
+    limits = HttpLimits(max_connections=2, max_connections_per_peer=2, request_timeout=60)
+    port = await start(nursery, registry, stats=stats, limits=limits)
+    reading = threading.Event()
+    async with trio.open_nursery() as inner:
+        result: list[int] = []
+
+        async def read() -> None:
+            result.append(await trio.to_thread.run_sync(_slow_reader, port, "127.0.0.2", reading))
+
+        inner.start_soon(read)
+        assert await trio.to_thread.run_sync(reading.wait, 20)
+        stalled, _ = await trio.to_thread.run_sync(
+            partial(stalled_client, port, source="127.0.0.2")
+        )
+        try:
+            assert await _until(lambda: stats.open == 2, seconds=5)
+            # The reader is the older connection of the busiest peer, but it makes progress.
+            assert (await fetch(port, "/healthz")).status == 200
+            assert stats.counts["evicted"] == 1
+            assert await trio.to_thread.run_sync(_closed_unread, stalled)
+        finally:
+            stalled.close()
+    (total,) = result
+    assert total > 3_000_000  # the whole answer (about 3.5 MB of text)
+    assert stats.counts["evicted"] == 1
 
 
 def _exchange(port: int, data: bytes, *, timeout: float = 5) -> tuple[bytes, float]:

@@ -36,7 +36,7 @@ from trio.testing import MockClock
 from hami_trio.goparse import BindAddress
 from hami_trio.metrics.collector import BuildInfoCollector, VGpuCollector
 from hami_trio.metrics.hostgpu import HostGpuSampler
-from hami_trio.metrics.http import serve_http
+from hami_trio.metrics.http import HttpStats, serve_http
 from hami_trio.monitor.loop import Monitor, MonitorConfig, serve_monitor
 from hami_trio.pods.access import KubeAccess
 from hami_trio.pods.source import PodSource, StaticPodSource
@@ -547,6 +547,76 @@ async def test_a_changed_value_is_never_served_from_the_kept_render(
         # Nothing changes in the files, the clock moves on: only the elapsed seconds do.
         clock[0] += 5
         assert await scrape() == expected(spec_changed, elapsed=47)
+    finally:
+        monitor.close()
+
+
+async def test_a_kept_body_never_outlives_the_tick_it_was_rendered_in(
+    nursery: trio.Nursery, hook: Path
+) -> None:
+    """As the agent serves it (a body kept for the interval, dropped at the next tick), every
+    scrape between two ticks gets the same bytes, and the first scrape after a tick that
+    changed a file shows the change."""
+    spec = fixture_spec()
+    add_container(hook, "pod-a", "main", spec)
+    source = StaticPodSource()
+    registry = CollectorRegistry()
+    monitor = Monitor(
+        MonitorConfig(hook_path=hook, mig_lock_path=hook.parent / "mig" / "lock"),
+        pod_source=source,
+        registry=registry,
+    )
+    registry.register(
+        VGpuCollector(
+            monitor,
+            source,
+            node_name="n",
+            kubernetes=False,
+            insights=monitor.insights,
+            wall_clock=lambda: NOW,
+        )
+    )
+    stats = HttpStats()
+    bound: BindAddress = await nursery.start(
+        partial(
+            serve_http,
+            BindAddress("127.0.0.1", 0),
+            registry,
+            freshness=3600.0,
+            generation=lambda: monitor.ticks,
+            stats=stats,
+        )
+    )
+
+    def rows(text: str) -> set[tuple[str, frozenset[tuple[str, str]], float]]:
+        return {s for s in series(text) if CONTAINER_FAMILIES.match(s[0])}
+
+    def expected(spec: RegionSpec) -> set[tuple[str, frozenset[tuple[str, str]], float]]:
+        kernel = "hami_container_last_kernel_elapsed_seconds"
+        return {
+            (n, labels, 42.0 if n == kernel else v)
+            for n, labels, v in container_series("", "pod-a", "main", spec, legacy=False)
+        }
+
+    try:
+        await monitor.tick()
+        status, first = await get(bound.port)
+        assert status == 200
+        assert rows(first) == expected(spec)
+        assert await get(bound.port) == (200, first)  # the same bytes, server counters too
+        assert (stats.scrapes["rendered"], stats.scrapes["shared"]) == (1, 1)
+        slot = SLOTS[0]
+        changed = ProcSlot(
+            pid=slot.pid,
+            status=slot.status,
+            used=[MemoryUse(100, 20, 300, 0, 1500), slot.used[1]],
+            util=slot.util,
+        )
+        SimulatedWorkload(hook / "containers" / "pod-a_main" / "abc.cache").set_slot(0, changed)
+        await monitor.tick()
+        _, text = await get(bound.port)
+        assert rows(text) == expected(fixture_spec(procs=(changed, *SLOTS[1:])))
+        assert stats.scrapes["rendered"] == 2
     finally:
         monitor.close()
 

@@ -98,7 +98,7 @@ failing check stops the whole rendering (helm install / upgrade / template).
 {{- end }}
 {{- end }}
 {{- if .Values.networkPolicy.enabled }}
-{{- if and (empty .Values.networkPolicy.scraper.namespaceSelector) (empty .Values.networkPolicy.scraper.podSelector) }}
+{{- if and (empty (include "hami-trio.scraperNamespaceSelector" . | fromYaml)) (empty (include "hami-trio.scraperPodSelector" . | fromYaml)) }}
 {{- fail "networkPolicy.enabled=true needs networkPolicy.scraper.namespaceSelector or networkPolicy.scraper.podSelector: with both empty every pod in every namespace could reach the metrics port, which is what the policy is for preventing" }}
 {{- end }}
 {{- end }}
@@ -114,5 +114,32 @@ failing check stops the whole rendering (helm install / upgrade / template).
 {{- if has $flag $managedFlags }}
 {{- fail (printf "extraArgs must not pass %s: the chart manages it (see metrics, debug, log, migLockPath, hookPath, resyncInterval, devicePlugin.hostPIDBroker.enabled)" $flag) }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The scraper's namespace selector: scraper.namespaceSelector, else the namespace named by
+scraper.namespace (its kubernetes.io/metadata.name label), else none.  YAML, for fromYaml.
+*/}}
+{{- define "hami-trio.scraperNamespaceSelector" -}}
+{{- $scraper := .Values.networkPolicy.scraper }}
+{{- if $scraper.namespaceSelector }}
+{{- toYaml $scraper.namespaceSelector }}
+{{- else if $scraper.namespace }}
+matchLabels:
+  kubernetes.io/metadata.name: {{ $scraper.namespace | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+The scraper's pod selector: scraper.podSelector, else scraper.podLabels, else none.
+*/}}
+{{- define "hami-trio.scraperPodSelector" -}}
+{{- $scraper := .Values.networkPolicy.scraper }}
+{{- if $scraper.podSelector }}
+{{- toYaml $scraper.podSelector }}
+{{- else if $scraper.podLabels }}
+matchLabels:
+  {{- toYaml $scraper.podLabels | nindent 2 }}
 {{- end }}
 {{- end }}
