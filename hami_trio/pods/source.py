@@ -40,11 +40,15 @@ class PodInfo:
     #: ``status.phase`` (``Pending``, ``Running``, ``Succeeded``, ``Failed``, ``Unknown``);
     #: ``""`` when unknown (no Kubernetes, or the API left it out).
     phase: str = ""
+    #: Container name -> the ``CUDA_TASK_PRIORITY`` its spec sets (``env``, else the priority
+    #: resource; :mod:`hami_trio.pods.priority`), only for containers whose spec sets one.
+    priorities: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         # Copy caller-owned dicts so a later mutation cannot change a published PodInfo.
         object.__setattr__(self, "annotations", _frozen(self.annotations))
         object.__setattr__(self, "labels", _frozen(self.labels))
+        object.__setattr__(self, "priorities", MappingProxyType(dict(self.priorities)))
 
 
 class PodSource(Protocol):

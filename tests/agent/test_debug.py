@@ -137,6 +137,7 @@ def test_a_loaded_container_shows_what_its_file_says() -> None:
         "blocked_seconds": None,
         "blocks": None,
         "allocated": None,
+        "feedback": None,
         "export": {"state": None, "reason": None},
     }
 
