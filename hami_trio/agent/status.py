@@ -243,7 +243,7 @@ def _stray_claims(feedback: Any) -> list[str]:
     if "priority" in reasons:
         lines.append(
             f"feedback: the .cache file says priority {feedback.get('file_priority')}, the pod "
-            f"spec {feedback.get('priority')}; the pod's counts"
+            f"spec {feedback.get('priority')}; the pod's priority counts"
         )
     return lines
 

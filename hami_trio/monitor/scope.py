@@ -61,10 +61,13 @@ _SHOWN_UUIDS: Final = 4
 
 
 def uuid_text(raw: bytes) -> str:
-    """A UUID slot value for people: the bytes before the trailing NULs, ASCII only (any
-    other byte, a NUL inside included, escaped), at most 96 bytes of it."""
+    """A UUID slot value for people: the bytes before the trailing NULs, printable ASCII
+    only (anything else - a NUL inside, a control or format character, a byte that is not
+    UTF-8 - escaped as ``\\xNN``, ``\\uNNNN``)."""
     text = raw.rstrip(b"\0").decode("utf-8", "backslashreplace")
-    return text.encode("ascii", "backslashreplace").decode("ascii")
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(c if " " <= c <= "~" else ascii(c)[1:-1] for c in text)
 
 
 @dataclass(frozen=True, slots=True)

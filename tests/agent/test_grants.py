@@ -19,9 +19,12 @@ from typing import Any
 import pytest
 import trio
 
+from hami_trio.agent.grants import pod_grants, slot_value
 from hami_trio.agent.service import AgentHandle, serve_agent
 from hami_trio.metrics.exportstate import NODE_LABEL
+from hami_trio.monitor.feedback import Grant
 from hami_trio.pods.allocated import ALLOCATED_ANNOTATION
+from hami_trio.pods.source import PodInfo
 from hami_trio.testing.regions import RegionSpec, SimulatedWorkload, write_region
 from tests.agent.test_service import config_for, samples, scrape
 from tests.metrics.fake_nvml import FakeGpu, FakeNvml
@@ -31,6 +34,44 @@ from tests.pods.test_watch import write_kubeconfig
 GPU_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 GPU_B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
 SAMPLES = 40
+
+
+def slot(uuid: str) -> bytes:
+    return uuid.encode().ljust(96, b"\0")
+
+
+def test_pod_grants_name_each_containers_allocation_and_spec_priority() -> None:
+    pod = PodInfo(
+        "u",
+        "ns",
+        "p",
+        init_containers=("setup",),
+        containers=("main", "side"),
+        # init container first (nothing), main two GPUs, side none
+        annotations={ALLOCATED_ANNOTATION: f";{GPU_A},NVIDIA,1,0:{GPU_B},NVIDIA,1,0:;;"},
+        priorities={"main": 0, "setup": 3},
+    )
+    assert pod_grants(pod) == {
+        "setup": Grant((), 3),
+        "main": Grant((slot(GPU_A), slot(GPU_B)), 0),
+        "side": Grant((), None),
+    }
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [{}, {ALLOCATED_ANNOTATION: ""}, {ALLOCATED_ANNOTATION: "GPU-a,NVIDIA,-1,0:;"}],
+    ids=["none", "empty", "refused"],
+)
+def test_no_usable_annotation_gives_no_grants(annotations: dict[str, str]) -> None:
+    pod = PodInfo("u", "ns", "p", containers=("main",), annotations=annotations)
+    assert pod_grants(pod) is None
+
+
+def test_slot_value_is_what_hami_core_writes() -> None:
+    assert slot_value(GPU_A) == slot(GPU_A)
+    assert slot_value("x" * 96) == b"x" * 96
+    assert slot_value("x" * 97) is None
 
 
 def allocation(*uuids: str) -> dict[str, str]:
