@@ -100,6 +100,7 @@ def add_pod(
     container["env"] = [dict(entry) for entry in env]
     if limits is not None:
         container["resources"] = {"limits": dict(limits), "requests": dict(limits)}
+    fake.modify_pod(uid)  # published as changed (the fake keeps what it serves per change)
     return uid
 
 
