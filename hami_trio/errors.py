@@ -56,6 +56,16 @@ class BrokerStartupError(BrokerError):
     """
 
 
+class ForeignBrokerError(BrokerStartupError):
+    """Another broker serves the socket path: it answers there, or it holds the lock.
+
+    Raised before the broker reports ready; during a cut-over from HAMi that is HAMi's own
+    broker in its device plugin.  The agent does not fail on it: it runs without its broker,
+    says so (log, ``hami_trio_broker_foreign_listener``, ``hami-trio status``) and takes the
+    path over once the other broker is gone.  Operator: switch the other broker off.
+    """
+
+
 class LockDirError(HamiTrioError):
     """The shared lock parent (``/tmp/vgpulock``) could not be prepared safely.
 

@@ -165,6 +165,15 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "PATH",
     ),
     Setting(
+        "prepare_lock_parent",
+        "--prepare-lock-parent",
+        "HAMI_TRIO_PREPARE_LOCK_PARENT",
+        "prepare the lock parent once at start, like an allocation (root 01777; with the broker "
+        "on the mount point hostpid root 0755 and immutable); needs it mounted writable and "
+        "CAP_LINUX_IMMUTABLE, as the chart does with the broker on",
+        None,
+    ),
+    Setting(
         "metrics_bind_address",
         "--metrics-bind-address",
         "HAMI_TRIO_METRICS_BIND_ADDRESS",
@@ -291,6 +300,7 @@ class AgentConfig:
     Attributes:
         monitor: the monitor's settings (hook path, interval, resync interval, MIG lock).
         lock_parent_path: the shared lock parent the agent checks (read-only).
+        prepare_lock_parent: prepare it once at start (``--prepare-lock-parent``).
         node_name: this node (validated when ``kubernetes`` is set; else only a label).
         kubernetes: how to reach the API server for the pod watch; None: ``--no-kubernetes``.
         metrics_bind: where ``/metrics``, ``/healthz`` and ``/readyz`` listen.
@@ -311,6 +321,7 @@ class AgentConfig:
     node_name: str
     kubernetes: KubeAccess | None
     lock_parent_path: Path = Path(LOCK_PARENT)
+    prepare_lock_parent: bool = False
     metrics_bind: BindAddress = field(
         default_factory=lambda: parse_bind_address(DEFAULT_METRICS_BIND_ADDRESS)
     )
@@ -361,6 +372,7 @@ class AgentConfig:
             "mig_lock_path": str(self.monitor.mig_lock_path),
             "exclude_exited_processes": self.monitor.exclude_exited_processes,
             "lock_parent_path": str(self.lock_parent_path),
+            "prepare_lock_parent": self.prepare_lock_parent,
             "metrics_bind_address": str(self.metrics_bind),
             "debug_bind_address": None if self.debug_bind is None else str(self.debug_bind),
             "metrics_max_connections": self.http_limits.max_connections,
@@ -582,6 +594,7 @@ def resolve_config(
         raise ConfigError(f"{parent_origin}: empty path")
     if parent_text is not None and not parent_text.startswith("/"):
         raise ConfigError(f"{parent_origin}: {parent_text!r} is not an absolute path")
+    prepare_parent = reader.flag("prepare_lock_parent")
 
     bind_text, bind_origin = reader.text("metrics_bind_address")
     bind = parse_bind_address(
@@ -647,6 +660,7 @@ def resolve_config(
         node_name=node_name,
         kubernetes=access,
         lock_parent_path=Path(LOCK_PARENT if parent_text is None else parent_text),
+        prepare_lock_parent=prepare_parent,
         metrics_bind=bind,
         debug_bind=debug_bind,
         http_limits=http_limits,

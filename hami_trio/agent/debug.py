@@ -256,6 +256,7 @@ class MonitorSummary:
     mig_lock_problem: str | None = None
     removals_pending: int = 0
     checks_liveness: bool | None = None
+    foreign_writer: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +266,8 @@ class BrokerSummary:
     socket_path: str
     exchanges: Mapping[str, int]
     in_flight: int
+    #: Why the broker waits: another broker serves the socket path (None: it listens).
+    foreign: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -548,6 +551,7 @@ def debug_state(
             "exchanges": dict(broker.exchanges),
             "exchanges_total": sum(broker.exchanges.values()),
             "in_flight": broker.in_flight,
+            "foreign_listener": broker.foreign,
         }
     return {
         "schema": SCHEMA,
@@ -560,6 +564,7 @@ def debug_state(
             "ticks": monitor.ticks,
             "paused": monitor.paused,
             "mig_lock_problem": monitor.mig_lock_problem,
+            "foreign_writer": monitor.foreign_writer,
             "removals_pending": monitor.removals_pending,
             "checks_liveness": monitor.checks_liveness,
             "containers_total": len(containers),

@@ -74,6 +74,9 @@ TASKS: Final = (
 )
 #: The content type of the debug view's answers.
 _JSON: Final = b"application/json"
+#: How often the agent tries again to take the broker's socket path while another broker
+#: serves it (seconds).
+FOREIGN_BROKER_RETRY: Final = 30.0
 
 
 class _Starter(Protocol):
@@ -254,6 +257,8 @@ class _Agent:
         self.config = config
         self.registry = CollectorRegistry()
         self.broker: BrokerHandle | None = None
+        #: Why the broker waits (another broker serves its socket path), None otherwise.
+        self.broker_foreign: str | None = None
         self.monitor: Monitor | None = None
         self.pod_source: PodSource | None = None
         self.pod_watch: KubernetesPodSource | None = None
@@ -288,6 +293,84 @@ class _Agent:
         if name in self._finished:
             self._finished[name].set()
 
+    async def serve_broker_beside_others(
+        self,
+        serve: Callable[..., Awaitable[None]],
+        *,
+        task_status: trio.TaskStatus[BrokerHandle | None],
+    ) -> None:
+        """Serve the broker; while another broker serves its socket path, wait beside it.
+
+        A :class:`~hami_trio.errors.ForeignBrokerError` before ready (HAMi's device-plugin
+        broker during a cut-over, or a second agent) does not fail the agent: it reports
+        ``None``, says so once (log, ``hami_trio_broker_foreign_listener``, the debug view)
+        and tries again every :data:`FOREIGN_BROKER_RETRY` seconds - never touching the
+        other broker's socket or lock - until the path is free or the agent stops.
+        """
+        from prometheus_client import Gauge
+
+        from hami_trio.errors import ForeignBrokerError
+
+        foreign = Gauge(
+            "hami_trio_broker_foreign_listener",
+            "1 while another broker serves the broker's socket path (it answers there or holds "
+            "the lock), so this agent's broker waits beside it instead of fighting it.",
+            registry=self.registry,
+        )
+        reported = False
+
+        def started(handle: BrokerHandle) -> None:
+            nonlocal reported
+            if self.broker_foreign is not None:
+                logger.info(
+                    "the other broker is gone: this agent's broker listens on %s",
+                    handle.socket_path,
+                    extra={"event": "foreign_broker_gone"},
+                )
+            self.broker, self.broker_foreign = handle, None
+            foreign.set(0)
+            if not reported:
+                reported = True
+                task_status.started(handle)
+            elif self.stopping:
+                handle.stop()
+
+        class _Status:
+            def started(self, value: BrokerHandle) -> None:
+                started(value)
+
+        while not self.stopping:
+            try:
+                await serve(registry=self.registry, task_status=_Status())
+                return
+            except ForeignBrokerError as exc:
+                if self.broker is not None:
+                    raise  # raised only before ready: never after a start
+                if self.broker_foreign != str(exc):
+                    logger.warning(
+                        "another broker serves the broker's socket path, so this agent "
+                        "runs without its broker and tries again every %gs: %s. Switch the "
+                        "other one off (HAMi's device plugin: devicePlugin.hostPIDBroker."
+                        "enabled=false; see docs/migration.md)",
+                        FOREIGN_BROKER_RETRY,
+                        exc,
+                        extra={"event": "foreign_broker"},
+                    )
+                self.broker_foreign = str(exc)
+                foreign.set(1)
+            if not reported:
+                reported = True
+                task_status.started(None)
+            with trio.move_on_after(FOREIGN_BROKER_RETRY):
+                await self._stop.wait()
+
+    def broker_ready(self) -> bool:
+        """Readiness: the broker listens (see :meth:`broker_listening`), or it waits beside
+        another broker that serves the path (the node's workloads are served)."""
+        if self.broker is None and self.broker_foreign is not None:
+            return not self.stopping
+        return self.broker_listening()
+
     def broker_listening(self) -> bool:
         """Readiness: the broker's socket path still names the socket it bound."""
         broker = self.broker
@@ -306,7 +389,11 @@ class _Agent:
         task_status: trio.TaskStatus[AgentHandle],
     ) -> None:
         # Imported here, not at the top: the other hami-trio commands never need them.
-        from hami_trio.allocation.watch import LockParentWatch, serve_lock_parent_watch
+        from hami_trio.allocation.watch import (
+            LockParentWatch,
+            MountPointCheck,
+            serve_lock_parent_watch,
+        )
         from hami_trio.broker.server import serve_broker
         from hami_trio.metrics.collector import BuildInfoCollector, VGpuCollector
         from hami_trio.metrics.hostgpu import HostGpuSampler, serve_nvml_release
@@ -318,9 +405,11 @@ class _Agent:
         registry.register(BuildInfoCollector())
         if config.broker is not None:
             self.broker = await nursery.start(
-                self.supervise, "broker", partial(serve_broker, config.broker, registry=registry)
+                self.supervise,
+                "broker",
+                partial(self.serve_broker_beside_others, partial(serve_broker, config.broker)),
             )
-            self.checks["broker"] = self.broker_listening
+            self.checks["broker"] = self.broker_ready
         all_pods: Callable[[], Mapping[str, PodInfo]] | None = None
         if config.kubernetes is not None:
             # Only here: kubernetes-asyncio, aiohttp and trio-asyncio cost about 50 MiB of
@@ -398,11 +487,15 @@ class _Agent:
             broker=config.broker is not None,
             registry=registry,
         )
+        # --prepare-lock-parent: prepared like an allocation before the first check.
+        prepare = config.prepare_lock_parent
         await nursery.start(
             self.supervise,
             "lock-parent",
-            partial(serve_lock_parent_watch, lock_parent, monitor_config.interval),
+            partial(serve_lock_parent_watch, lock_parent, monitor_config.interval, prepare=prepare),
         )
+        if prepare and config.broker is not None:
+            self.checks["lock-mount-point"] = MountPointCheck(lock_parent)
         bound: BindAddress = await nursery.start(
             self.supervise,
             "metrics",
@@ -432,7 +525,13 @@ class _Agent:
             partial(_watch_mig_mount, monitor_config.mig_lock_path.parent, monitor_config.interval),
         )
 
-        broker_text = str(self.broker.socket_path) if self.broker is not None else "off"
+        broker_text = (
+            str(self.broker.socket_path)
+            if self.broker is not None
+            else "waiting beside another broker"
+            if self.broker_foreign is not None
+            else "off"
+        )
         pods_text = (
             config.kubernetes.describe()
             if config.kubernetes is not None
@@ -461,6 +560,18 @@ class _Agent:
         await self._drain()
         nursery.cancel_scope.cancel()
 
+    def _broker_summary(self) -> BrokerSummary | None:
+        broker, config = self.broker, self.config.broker
+        if broker is not None:
+            return BrokerSummary(
+                str(broker.socket_path),
+                {str(k): n for k, n in broker.stats.counts.items()},
+                broker.in_flight,
+            )
+        if config is not None and self.broker_foreign is not None:
+            return BrokerSummary(str(config.socket_path), {}, 0, foreign=self.broker_foreign)
+        return None
+
     def debug_document(self, selection: Selection) -> dict[str, Any]:
         """The debug view as of now; reads only immutable views (safe in a worker thread)."""
         monitor, pod_source = self.monitor, self.pod_source
@@ -485,7 +596,6 @@ class _Agent:
                 relists=watch.relists,
                 node_name=watch.node_name,
             )
-        broker = self.broker
         return debug_state(
             monitor.containers(),
             pod_source,
@@ -500,17 +610,10 @@ class _Agent:
                 mig_lock_problem=None if problem is None else problem.message,
                 removals_pending=monitor.lister.removals_pending,
                 checks_liveness=monitor.checks_liveness,
+                foreign_writer=monitor.foreign_writer,
             ),
             pods=pods,
-            broker=(
-                None
-                if broker is None
-                else BrokerSummary(
-                    str(broker.socket_path),
-                    {str(k): n for k, n in broker.stats.counts.items()},
-                    broker.in_flight,
-                )
-            ),
+            broker=self._broker_summary(),
             extras=self.debug_extras,
             selection=selection,
         )
@@ -538,7 +641,7 @@ class _Agent:
             assert self.monitor is not None
             self.monitor.request_stop()
             await self._finished["monitor"].wait()
-            if self.broker is not None:
+            if self.config.broker is not None:
                 await self._finished["broker"].wait()
         if deadline.cancelled_caught:
             logger.warning(

@@ -273,6 +273,11 @@ def _summary(document: Mapping[str, Any]) -> list[str]:
         lines.append("export: " + ", ".join(f"{k} {v}" for k, v in by_export.items()))
     if monitor.get("mig_lock_problem"):
         lines.append(f"MIG lock directory refused: {monitor['mig_lock_problem']}")
+    if monitor.get("foreign_writer"):
+        lines.append(
+            "ANOTHER MONITOR is writing feedback into these regions (HAMi's vgpu-monitor?): "
+            "switch it off on this node, see docs/migration.md"
+        )
     if pods.get("source") == "kubernetes":
         lines.append(
             f"pods: Kubernetes watch of node {pods.get('node')}: "
@@ -284,6 +289,11 @@ def _summary(document: Mapping[str, Any]) -> list[str]:
         lines.append("pods: no Kubernetes (--no-kubernetes): every directory is its own pod")
     if broker is None:
         lines.append("broker: off (LIBVGPU_HOSTPID_BROKER is not 1): new processes get host PID 0")
+    elif broker.get("foreign_listener"):
+        lines.append(
+            f"broker: WAITING: another broker serves {broker.get('socket_path')} "
+            f"({broker['foreign_listener']}); switch it off, see docs/migration.md"
+        )
     else:
         exchanges = broker.get("exchanges") or {}
         counted = ", ".join(f"{k} {v}" for k, v in exchanges.items() if v)

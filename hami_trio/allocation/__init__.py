@@ -1,8 +1,8 @@
 """The allocation integration a device plugin calls from ``Allocate``.
 
 - :mod:`~hami_trio.allocation.lockdir` prepares the host's ``/tmp/vgpulock`` (descriptor-based,
-  refuses symlinks, foreign owners and swaps, names the recovery, counts refusals; an explicit
-  repair; a read-only check);
+  refuses symlinks, foreign owners and swaps, names the recovery, counts refusals; with the
+  broker on the mount point ``hostpid`` made immutable; an explicit repair; a read-only check);
 - :mod:`~hami_trio.allocation.watch` is the agent's periodic read-only check (gauges);
 - :mod:`~hami_trio.allocation.response` models the kubelet's ContainerAllocateResponse and
   merges the canonical mounts and the broker env switch into it (pure);
@@ -26,7 +26,9 @@ from hami_trio.allocation.integration import allocate
 from hami_trio.allocation.lockdir import (
     LOCK_PARENT_MODE,
     LockParentRefused,
+    Prepared,
     inspect_lock_parent,
+    prepare_lock_dir,
     prepare_lock_parent,
 )
 from hami_trio.allocation.response import (
@@ -47,10 +49,12 @@ __all__ = [
     "DeviceSpec",
     "LockParentRefused",
     "Mount",
+    "Prepared",
     "allocate",
     "configure_host_pid_broker",
     "container_target",
     "go_clean",
     "inspect_lock_parent",
+    "prepare_lock_dir",
     "prepare_lock_parent",
 ]

@@ -6,16 +6,24 @@ or swap it while the device plugin (root) works.  So :func:`prepare_lock_parent`
 step relative to a descriptor - open the parent ``O_NOFOLLOW`` and check its owner and sticky
 bit, ``mkdirat``, ``openat`` ``O_NOFOLLOW``, check the owner, ``fchmod`` 01777, then verify the
 descriptor and the name denote the same directory - and, with the broker on, the nested
-``hostpid`` mount point the same way.  Every refusal is a :class:`LockParentRefused` naming
-the path, the reason and the recovery, counted in :data:`LOCK_PARENT_REFUSALS`; ``repair=True``
-is the operator's explicit fix, :func:`inspect_lock_parent` the agent's read-only check.
-The steps, the attacks they stop and the repair: docs/allocation.md.
+``hostpid`` mount point the same way, plus the immutable flag on it (``FS_IOC_SETFLAGS`` on
+its descriptor), so that a root workload holding only the parent mount cannot move it and
+land the next container's broker mount on that container's own ``/etc``; where the flag
+cannot be set, :func:`prepare_lock_dir` says why (result, counter, one log line).  Every
+refusal is a :class:`LockParentRefused` naming the path, the reason and the recovery, counted
+in :data:`LOCK_PARENT_REFUSALS`; ``repair=True`` is the operator's explicit fix,
+:func:`inspect_lock_parent` the agent's read-only check.  The steps, the attacks they stop
+and the repair: docs/allocation.md.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import logging
 import os
 import stat
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
@@ -27,19 +35,29 @@ from hami_trio.allocation.constants import LOCK_PARENT, go_clean
 from hami_trio.errors import LockDirError
 
 __all__ = [
+    "FS_IMMUTABLE_FL",
+    "IMMUTABLE_PROBLEMS",
     "LOCK_PARENT_MODE",
     "LOCK_PARENT_REFUSALS",
     "MOUNT_POINT_MODE",
     "MOUNT_POINT_NAME",
+    "MOUNT_POINT_NOT_IMMUTABLE",
     "REFUSAL_REASONS",
+    "ImmutableProblem",
     "LockParentRefused",
     "LockParentState",
+    "MountPointState",
+    "Prepared",
     "RefusalReason",
     "Step",
+    "flag_problem",
     "inspect_lock_parent",
+    "prepare_lock_dir",
     "prepare_lock_parent",
     "repair_command",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: The only acceptable final mode: world-writable (every workload UID creates lock files)
 #: and sticky (nobody can delete or rename another user's entry).
@@ -50,8 +68,80 @@ MOUNT_POINT_NAME: Final = "hostpid"
 #: Its mode: root's directory, nobody else may create entries in it.
 MOUNT_POINT_MODE: Final = 0o755
 
+#: The inode flag ``chattr +i`` sets (``FS_IMMUTABLE_FL``, linux/fs.h).  On the mount point it
+#: makes rename, rmdir, a rename over it, creating inside it, chmod and chown fail with EPERM
+#: for everyone without CAP_LINUX_IMMUTABLE (which the container runtime does not grant), so a
+#: root workload holding only the parent mount can no longer swap ``hostpid`` for a symlink.
+#: Mounting over it still works.
+FS_IMMUTABLE_FL: Final = 0x00000010
+
+
+def _ioc(direction: int, number: int) -> int:
+    # _IOR/_IOW('f', number, long) with the asm-generic layout (x86, arm, riscv): the size
+    # in the number is sizeof(long), although the kernel reads and writes an int.
+    return (direction << 30) | (struct.calcsize("l") << 16) | (ord("f") << 8) | number
+
+
+_FS_IOC_GETFLAGS: Final = _ioc(2, 1)
+_FS_IOC_SETFLAGS: Final = _ioc(1, 2)
+_FLAGS = struct.Struct("i")
+#: The ioctl call; tests replace it to inject an error.
+_ioctl: Callable[[int, int, bytes], bytes] = fcntl.ioctl
+
+#: Why the mount point is not immutable after a preparation (the ``reason`` label):
+#:
+#: - ``unsupported``: the filesystem has no inode flags (ENOTTY, EOPNOTSUPP: ramfs, some
+#:   overlay or network filesystems);
+#: - ``denied``: not allowed (EPERM, EACCES: the process lacks CAP_LINUX_IMMUTABLE);
+#: - ``read-only``: the lock parent is mounted read-only here (EROFS);
+#: - ``error``: another error of the flag ioctls.
+ImmutableProblem = Literal["unsupported", "denied", "read-only", "error"]
+IMMUTABLE_PROBLEMS: Final[tuple[ImmutableProblem, ...]] = get_args(ImmutableProblem)
+
+#: The nested mount point's state after a preparation or a check: ``off`` (the broker is
+#: off, ``hostpid`` not looked at), ``immutable``, or why not; the read-only check also
+#: reports ``missing`` and ``not-set`` (a directory without the flag).
+MountPointState = Literal["off", "missing", "immutable", "not-set", ImmutableProblem]
+
+_EXPLAIN: Final[dict[ImmutableProblem, str]] = {
+    "unsupported": "the filesystem does not support inode flags",
+    "denied": "this process lacks CAP_LINUX_IMMUTABLE",
+    "read-only": "the lock parent is mounted read-only here",
+    "error": "the flag ioctl failed",
+}
+
+
+def flag_problem(exc: OSError) -> ImmutableProblem:
+    """Why an ``FS_IOC_GETFLAGS``/``FS_IOC_SETFLAGS`` error leaves the flag unset."""
+    if exc.errno in (errno.ENOTTY, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        return "unsupported"
+    if exc.errno in (errno.EPERM, errno.EACCES):
+        return "denied"
+    if exc.errno == errno.EROFS:
+        return "read-only"
+    return "error"
+
+
+#: Preparations that left the mount point without the immutable flag, by reason (default
+#: registry, like :data:`LOCK_PARENT_REFUSALS`).  The allocation goes on with the checks alone.
+MOUNT_POINT_NOT_IMMUTABLE: Final = Counter(
+    "hami_trio_lock_mount_point_not_immutable_total",
+    "Preparations with the broker on that could not make the nested mount point "
+    "/tmp/vgpulock/hostpid immutable, by reason; a root workload can then still swap it.",
+    ["reason"],
+)
+for _problem in IMMUTABLE_PROBLEMS:
+    MOUNT_POINT_NOT_IMMUTABLE.labels(reason=_problem)
+
 #: The points between steps at which a test hook runs (see ``prepare_lock_parent``).
-Step = Literal["parent-checked", "created", "opened", "chmodded", "mount-point-checked"]
+Step = Literal[
+    "parent-checked",
+    "created",
+    "opened",
+    "chmodded",
+    "mount-point-opened",
+    "mount-point-checked",
+]
 
 #: Why a lock parent was refused (the ``reason`` label of the refusal metrics):
 #:
@@ -220,6 +310,22 @@ def _oserror(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What :func:`prepare_lock_dir` made.
+
+    Attributes:
+        path: the cleaned path that was prepared: the host path to mount.
+        mount_point: ``off`` (broker off), ``immutable``, or why ``hostpid`` could not be made
+            immutable (one of :data:`IMMUTABLE_PROBLEMS`; the preparation still succeeded).
+        problem: for a problem, the path, the errno text and what it leaves open; else "".
+    """
+
+    path: str
+    mount_point: MountPointState = "off"
+    problem: str = ""
+
+
 def prepare_lock_parent(
     path: str = LOCK_PARENT,
     owner: int = 0,
@@ -228,6 +334,25 @@ def prepare_lock_parent(
     repair: bool = False,
     step_hook: Callable[[Step], None] | None = None,
 ) -> str:
+    """Create or fix the lock parent as a directory owned by ``owner`` with mode 01777.
+
+    :func:`prepare_lock_dir` returning only the path; see there.
+    """
+    return prepare_lock_dir(path, owner, broker=broker, repair=repair, step_hook=step_hook).path
+
+
+#: The last mount point state logged per path, so a lasting problem is one log line.
+_logged: dict[str, MountPointState] = {}
+
+
+def prepare_lock_dir(
+    path: str = LOCK_PARENT,
+    owner: int = 0,
+    *,
+    broker: bool = False,
+    repair: bool = False,
+    step_hook: Callable[[Step], None] | None = None,
+) -> Prepared:
     """Create or fix the lock parent as a directory owned by ``owner`` with mode 01777.
 
     Idempotent: an already correct directory is left as it is.  See the module docstring for
@@ -240,20 +365,26 @@ def prepare_lock_parent(
         owner: the trusted UID that must own both the parent and the directory (root in
             production; tests use their own UID for trees under a temporary directory).
         broker: the host PID broker is on: also make sure the nested mount point
-            ``hostpid`` inside it is a directory of ``owner`` with mode 0755.
+            ``hostpid`` inside it is a directory of ``owner`` with mode 0755 and the
+            immutable flag (set through its descriptor when missing).  Where the flag cannot
+            be set the preparation still succeeds: the result says why, it is counted in
+            :data:`MOUNT_POINT_NOT_IMMUTABLE` and logged once per path and reason.
         repair: the operator's explicit repair (``prepare-lock-dir --repair``): a directory
             of another owner is given back to ``owner`` through the opened descriptor
             (``fchown``) instead of being refused, and with ``broker`` a symlink or file
             planted at ``hostpid`` is removed (``unlinkat`` relative to the directory, never
-            followed) and replaced by the directory.  A symlink or non-directory at the lock
-            parent's own name and an unsafe parent are still refused.
+            followed) and replaced by the directory, and an immutable ``hostpid`` with the
+            wrong owner or mode has the flag cleared, is fixed and flagged again.  A symlink
+            or non-directory at the lock parent's own name and an unsafe parent are still
+            refused.
         step_hook: for tests only - called with the name of each completed step
             (``parent-checked``, ``created``, ``opened``, ``chmodded``, and with ``broker``
-            ``mount-point-checked``) so a test can swap things in between.
+            ``mount-point-opened`` and ``mount-point-checked``) so a test can swap things in
+            between.
 
     Returns:
-        The cleaned path that was prepared (``/tmp//vgpulock/`` gives ``/tmp/vgpulock``): the
-        host path to mount.
+        The cleaned path that was prepared (``/tmp//vgpulock/`` gives ``/tmp/vgpulock``) and
+        the mount point's state.
 
     Raises:
         LockParentRefused: (a :class:`~hami_trio.errors.LockDirError`) the path is relative,
@@ -266,10 +397,27 @@ def prepare_lock_parent(
             ``OSError`` cause is chained.
     """
     try:
-        return _prepare(path, owner, broker, repair, step_hook)
+        prepared = _prepare(path, owner, broker, repair, step_hook)
     except LockParentRefused as exc:
         LOCK_PARENT_REFUSALS.labels(reason=exc.reason).inc()
         raise
+    state = prepared.mount_point
+    if state in IMMUTABLE_PROBLEMS:
+        MOUNT_POINT_NOT_IMMUTABLE.labels(reason=state).inc()
+    if _logged.get(prepared.path, "immutable") != state and state != "off":
+        if prepared.problem:
+            logger.warning(
+                "%s",
+                prepared.problem,
+                extra={"event": "lock_mount_point_not_immutable", "reason": state},
+            )
+        else:
+            logger.info(
+                "nested mount point %s/%s is immutable again", prepared.path, MOUNT_POINT_NAME
+            )
+    if state != "off":
+        _logged[prepared.path] = state
+    return prepared
 
 
 def _prepare(
@@ -278,7 +426,7 @@ def _prepare(
     broker: bool,
     repair: bool,
     step_hook: Callable[[Step], None] | None,
-) -> str:
+) -> Prepared:
     parent, name = _split(path)
     full = f"{parent.rstrip('/')}/{name}"
     ctx = _Context(full, parent, owner, broker)
@@ -305,12 +453,12 @@ def _prepare(
             step_hook("created")
         fd = _open_dir(parent_fd, name, ctx)
         try:
-            _prepare_opened(parent_fd, fd, name, ctx, repair, step_hook)
+            state, problem = _prepare_opened(parent_fd, fd, name, ctx, repair, step_hook)
         finally:
             os.close(fd)
     finally:
         os.close(parent_fd)
-    return full
+    return Prepared(full, state, problem)
 
 
 def _check_parent(st: os.stat_result, ctx: _Context) -> None:
@@ -344,7 +492,7 @@ def _prepare_opened(
     ctx: _Context,
     repair: bool,
     step_hook: Callable[[Step], None] | None,
-) -> None:
+) -> tuple[MountPointState, str]:
     if step_hook is not None:
         step_hook("opened")
     opened = os.fstat(fd)
@@ -367,8 +515,10 @@ def _prepare_opened(
         raise ctx.refuse_error(f"cannot set mode 1777: {_oserror(exc)}") from exc
     if step_hook is not None:
         step_hook("chmodded")
+    state: MountPointState = "off"
+    problem = ""
     if ctx.broker:
-        _prepare_mount_point(fd, ctx, repair)
+        state, problem = _prepare_mount_point(fd, ctx, repair, step_hook)
         if step_hook is not None:
             step_hook("mount-point-checked")
 
@@ -394,14 +544,29 @@ def _prepare_opened(
                 f"UID {st.st_uid} with mode {mode:04o} (want a directory of UID {ctx.owner}, "
                 f"mode {LOCK_PARENT_MODE:04o})",
             )
+    return state, problem
 
 
-def _prepare_mount_point(fd: int, ctx: _Context, repair: bool) -> None:
-    """Make ``hostpid`` inside the opened lock parent a directory of ``owner``, mode 0755.
+def _get_flags(fd: int) -> int:
+    return int(_FLAGS.unpack(_ioctl(fd, _FS_IOC_GETFLAGS, bytes(_FLAGS.size)))[0])
+
+
+def _set_flags(fd: int, flags: int) -> None:
+    _ioctl(fd, _FS_IOC_SETFLAGS, _FLAGS.pack(flags))
+
+
+def _prepare_mount_point(
+    fd: int, ctx: _Context, repair: bool, step_hook: Callable[[Step], None] | None
+) -> tuple[MountPointState, str]:
+    """Make ``hostpid`` inside the opened lock parent a directory of ``owner``, mode 0755,
+    immutable.
 
     Everything is relative to ``fd``.  A workload (broker off, or an older pod without the
-    broker mount) can put anything at this name through its writable mount; the container
-    runtime later mounts the broker's directory there for the next workload.
+    broker mount) can put anything at this name through its writable mount, and a root one
+    can rename or remove a directory there; the container runtime later mounts the broker's
+    directory at that name for the next workload, resolving it on every start.  The
+    immutable flag, set through the opened descriptor, ends that: nobody without
+    CAP_LINUX_IMMUTABLE can rename, remove, replace or change it any more.
     """
     where = f"{ctx.full}/{MOUNT_POINT_NAME}"
     repair_hint = (
@@ -443,32 +608,83 @@ def _prepare_mount_point(fd: int, ctx: _Context, repair: bool) -> None:
         found = _what_is(lambda: os.stat(MOUNT_POINT_NAME, dir_fd=fd, follow_symlinks=False))
         raise refuse(f"is {found}, not a directory ({_oserror(exc)})") from exc
     try:
-        opened = os.fstat(sub)
-        if opened.st_uid != ctx.owner:
-            if not repair:
-                raise refuse(f"is owned by UID {opened.st_uid}, not the trusted UID {ctx.owner}")
-            try:
-                os.fchown(sub, ctx.owner, os.getegid())
-            except OSError as exc:
-                raise ctx.refuse_error(f"cannot chown {where}: {_oserror(exc)}") from exc
-        if stat.S_IMODE(opened.st_mode) != MOUNT_POINT_MODE or opened.st_uid != ctx.owner:
-            try:
-                os.fchmod(sub, MOUNT_POINT_MODE)
-            except OSError as exc:
-                raise ctx.refuse_error(f"cannot set mode 0755 on {where}: {_oserror(exc)}") from exc
-        final = os.fstat(sub)
-        try:
-            named = os.stat(MOUNT_POINT_NAME, dir_fd=fd, follow_symlinks=False)
-        except OSError as exc:
-            raise ctx.refuse_race("mount-point", f"{where} disappeared: {_oserror(exc)}") from exc
-        if (named.st_dev, named.st_ino) != (final.st_dev, final.st_ino) or (
-            final.st_uid != ctx.owner or stat.S_IMODE(final.st_mode) != MOUNT_POINT_MODE
-        ):
-            raise ctx.refuse_race(
-                "mount-point", f"{where} was replaced or changed while it was prepared"
-            )
+        if step_hook is not None:
+            step_hook("mount-point-opened")
+        return _prepare_opened_mount_point(fd, sub, where, ctx, repair, refuse)
     finally:
         os.close(sub)
+
+
+def _prepare_opened_mount_point(
+    fd: int,
+    sub: int,
+    where: str,
+    ctx: _Context,
+    repair: bool,
+    refuse: Callable[[str], LockParentRefused],
+) -> tuple[MountPointState, str]:
+    opened = os.fstat(sub)
+    problem: ImmutableProblem | None = None
+    flag_error: OSError | None = None
+    try:
+        flags: int | None = _get_flags(sub)
+    except OSError as exc:
+        flags, problem, flag_error = None, flag_problem(exc), exc
+    immutable = flags is not None and bool(flags & FS_IMMUTABLE_FL)
+    wrong = opened.st_uid != ctx.owner or stat.S_IMODE(opened.st_mode) != MOUNT_POINT_MODE
+    if flags is not None and immutable and wrong:
+        # Only a holder of CAP_LINUX_IMMUTABLE (the node's root) can have done this.
+        if not repair:
+            raise refuse(
+                f"is immutable but owned by UID {opened.st_uid} with mode "
+                f"{stat.S_IMODE(opened.st_mode):04o} (want UID {ctx.owner}, mode "
+                f"{MOUNT_POINT_MODE:04o}); someone with CAP_LINUX_IMMUTABLE changed it"
+            )
+        try:
+            _set_flags(sub, flags & ~FS_IMMUTABLE_FL)
+        except OSError as exc:
+            raise ctx.refuse_error(
+                f"cannot clear the immutable flag of {where} to repair it: {_oserror(exc)}"
+            ) from exc
+        flags &= ~FS_IMMUTABLE_FL
+        immutable = False
+    if opened.st_uid != ctx.owner:
+        if not repair:
+            raise refuse(f"is owned by UID {opened.st_uid}, not the trusted UID {ctx.owner}")
+        try:
+            os.fchown(sub, ctx.owner, os.getegid())
+        except OSError as exc:
+            raise ctx.refuse_error(f"cannot chown {where}: {_oserror(exc)}") from exc
+    if stat.S_IMODE(opened.st_mode) != MOUNT_POINT_MODE or opened.st_uid != ctx.owner:
+        try:
+            os.fchmod(sub, MOUNT_POINT_MODE)
+        except OSError as exc:
+            raise ctx.refuse_error(f"cannot set mode 0755 on {where}: {_oserror(exc)}") from exc
+    if flags is not None and not immutable:
+        try:
+            _set_flags(sub, flags | FS_IMMUTABLE_FL)
+        except OSError as exc:
+            problem, flag_error = flag_problem(exc), exc
+    final = os.fstat(sub)
+    try:
+        named = os.stat(MOUNT_POINT_NAME, dir_fd=fd, follow_symlinks=False)
+    except OSError as exc:
+        raise ctx.refuse_race("mount-point", f"{where} disappeared: {_oserror(exc)}") from exc
+    if (named.st_dev, named.st_ino) != (final.st_dev, final.st_ino) or (
+        final.st_uid != ctx.owner or stat.S_IMODE(final.st_mode) != MOUNT_POINT_MODE
+    ):
+        raise ctx.refuse_race(
+            "mount-point", f"{where} was replaced or changed while it was prepared"
+        )
+    if problem is None:
+        return "immutable", ""
+    why = f"{_oserror(flag_error)}: " if flag_error is not None else ""
+    return problem, (
+        f"nested mount point {where} could not be made immutable ({why}{_EXPLAIN[problem]}); "
+        "a root workload holding only the parent mount can still rename or replace it and "
+        "break the broker mount of the next containers started on this node (every "
+        "preparation still refuses what it finds planted there)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -479,11 +695,15 @@ class LockParentState:
         state: ``ok`` (safe), ``missing`` (not created yet: not an error) or ``unsafe``.
         reason: for ``unsafe``, one of :data:`REFUSAL_REASONS`; else None.
         message: for ``unsafe``, the path, the problem and the recovery command; else "".
+        mount_point: with the broker on and the rest safe, ``hostpid``'s state: ``missing``,
+            ``immutable``, ``not-set`` (a directory without the flag), or why its flag cannot
+            be read (``unsupported``, ``error``); ``off`` otherwise.
     """
 
     state: Literal["ok", "missing", "unsafe"]
     reason: RefusalReason | None = None
     message: str = ""
+    mount_point: MountPointState = "off"
 
 
 def inspect_lock_parent(
@@ -508,17 +728,17 @@ def inspect_lock_parent(
     full = f"{parent.rstrip('/')}/{name}"
     ctx = _Context(full, parent, owner, broker)
     try:
-        _inspect(parent, name, ctx)
+        mount_point = _inspect(parent, name, ctx)
     except FileNotFoundError:
-        return LockParentState("missing")
+        return LockParentState("missing", mount_point="missing" if broker else "off")
     except LockParentRefused as exc:
         return LockParentState("unsafe", exc.reason, str(exc))
     except OSError as exc:
         return LockParentState("unsafe", "error", f"{full}: cannot check it: {_oserror(exc)}")
-    return LockParentState("ok")
+    return LockParentState("ok", mount_point=mount_point)
 
 
-def _inspect(parent: str, name: str, ctx: _Context) -> None:
+def _inspect(parent: str, name: str, ctx: _Context) -> MountPointState:
     try:
         parent_fd = os.open(parent, _PATH_FLAGS | os.O_DIRECTORY)
     except FileNotFoundError:
@@ -546,20 +766,19 @@ def _inspect(parent: str, name: str, ctx: _Context) -> None:
                     "the next allocation's preparation restores it; to restore it now, "
                     f"{ctx.repair}",
                 )
-            if ctx.broker:
-                _inspect_mount_point(fd, ctx)
+            return _inspect_mount_point(fd, ctx) if ctx.broker else "off"
         finally:
             os.close(fd)
     finally:
         os.close(parent_fd)
 
 
-def _inspect_mount_point(fd: int, ctx: _Context) -> None:
+def _inspect_mount_point(fd: int, ctx: _Context) -> MountPointState:
     where = f"{ctx.full}/{MOUNT_POINT_NAME}"
     try:
         st = os.stat(MOUNT_POINT_NAME, dir_fd=fd, follow_symlinks=False)
     except FileNotFoundError:
-        return
+        return "missing"
     problem = ""
     if not stat.S_ISDIR(st.st_mode):
         problem = f"is {_describe(st)}, not a directory"
@@ -574,3 +793,25 @@ def _inspect_mount_point(fd: int, ctx: _Context) -> None:
             "will be refused",
             f"recovery: {ctx.repair} on the node",
         )
+    return _mount_point_flag(fd, st)
+
+
+def _mount_point_flag(fd: int, st: os.stat_result) -> MountPointState:
+    """Whether the checked ``hostpid`` directory carries the immutable flag (read-only).
+
+    ``fd`` is an ``O_PATH`` descriptor, on which ioctls fail, so the directory is opened for
+    reading: ``O_DIRECTORY|O_NOFOLLOW`` never follows a link or opens a FIFO or device.
+    """
+    try:
+        sub = os.open(MOUNT_POINT_NAME, _DIR_FLAGS, dir_fd=fd)
+    except OSError:
+        return "error"  # it changed since the check above; the next check looks again
+    try:
+        if (os.fstat(sub).st_dev, os.fstat(sub).st_ino) != (st.st_dev, st.st_ino):
+            return "error"
+        flags = _get_flags(sub)
+    except OSError as exc:
+        return flag_problem(exc)
+    finally:
+        os.close(sub)
+    return "immutable" if flags & FS_IMMUTABLE_FL else "not-set"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Final
 
 from hami_trio._fs import file_kind
-from hami_trio.errors import BrokerStartupError
+from hami_trio.errors import BrokerStartupError, ForeignBrokerError
 
 __all__ = [
     "DEFAULT_LOCK_PATH",
@@ -308,11 +308,45 @@ def _acquire_lock(dir_fd: int, path: Path, owner: int, euid: int) -> int:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
-            raise _refuse(path, "lock is held: another broker is running") from exc
+            raise ForeignBrokerError(f"{path}: lock is held: another broker is running") from exc
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def flock_held(path: Path, locks: Path = Path("/proc/locks")) -> bool:
+    """Whether some process holds a ``flock`` on ``path``, read from ``/proc/locks`` without
+    touching the lock (taking it, even for a moment, could make its owner's start fail).
+
+    False when the file or ``/proc/locks`` cannot be read.
+    """
+    try:
+        st = os.stat(path, follow_symlinks=False)
+        text = locks.read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) in _flock_identities(text)
+
+
+def _flock_identities(text: str) -> set[tuple[int, int]]:
+    """``(st_dev, st_ino)`` of every FLOCK in a ``/proc/locks`` text (``MAJ:MIN:INODE``, the
+    device numbers in hexadecimal); lines of another shape are skipped."""
+    found: set[tuple[int, int]] = set()
+    for line in text.splitlines():
+        fields = line.split()
+        if "FLOCK" not in fields[:3] or "->" in fields:
+            continue
+        for field in fields:
+            parts = field.split(":")
+            if len(parts) == 3:
+                try:
+                    major, minor, inode = int(parts[0], 16), int(parts[1], 16), int(parts[2])
+                except ValueError:
+                    continue
+                found.add((os.makedev(major, minor), inode))
+                break
+    return found
 
 
 def _is_live(path: Path) -> bool:
@@ -353,7 +387,11 @@ def _clear_socket_path(dir_fd: int, path: Path, owner: int) -> None:
     if st.st_uid != owner:
         raise _refuse(path, f"socket is owned by uid {st.st_uid}, expected {owner}")
     if _is_live(path):
-        raise _refuse(path, "socket is live: another server is listening on it")
+        hami = path.parent / LEGACY_LOCK_NAME
+        owner_note = f" (HAMi's own broker: it holds {hami})" if flock_held(hami) else ""
+        raise ForeignBrokerError(
+            f"{path}: socket is live: another server is listening on it{owner_note}"
+        )
     try:
         os.unlink(path.name, dir_fd=dir_fd)
     except FileNotFoundError:

@@ -2,9 +2,10 @@
 
 How this works: HAMi's device plugin is written in Go and cannot import this package, but
 it can run a command.  ``prepare-lock-dir [PATH]`` runs ``prepare_lock_parent`` (``--broker``
-or ``LIBVGPU_HOSTPID_BROKER=1``: the ``hostpid`` mount point too; ``--repair``: the
-operator's explicit recovery): exit 0 and no output when it is safe, else one line with the
-reason and the recovery command and exit 1.  ``allocate`` is ``allocate()`` as a filter:
+or ``LIBVGPU_HOSTPID_BROKER=1``: the ``hostpid`` mount point too, made immutable; ``--repair``:
+the operator's explicit recovery): exit 0 and no output when it is safe (one warning line on
+stderr when the flag cannot be set), else one line with the reason and the recovery command
+and exit 1.  ``allocate`` is ``allocate()`` as a filter:
 one ContainerAllocateResponse as JSON on stdin, the merged one on stdout; nothing is written
 on a refusal (exit 1) or on malformed input (exit 2).  docs/allocation.md (A Go device
 plugin, Repair).
@@ -78,7 +79,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--broker",
         action="store_true",
         help="the host PID broker is on: also make the nested mount point PATH/hostpid a "
-        f"directory of the trusted UID (default: on when {BROKER_SWITCH_ENV}=1)",
+        "directory of the trusted UID, mode 0755, immutable (chattr +i; a warning on stderr "
+        f"where the filesystem cannot) (default: on when {BROKER_SWITCH_ENV}=1)",
     )
     prep.add_argument(
         "--repair",

@@ -34,6 +34,7 @@ from hami_trio.errors import ConfigError
 from hami_trio.logs import RateLimiter
 from hami_trio.monitor.explain import Explainer
 from hami_trio.monitor.feedback import Write, observe
+from hami_trio.monitor.foreign import CLEAR_TICKS, ForeignWriterDetector
 from hami_trio.monitor.insight import ContainerInsight
 from hami_trio.monitor.layout import RejectReason
 from hami_trio.monitor.lister import ContainerKey, ContainerLister, ContainerState
@@ -414,6 +415,18 @@ class _SelfMetrics:
         )
         for watch_reason in WATCH_FALLBACKS:
             self.watch_fallbacks.labels(reason=watch_reason)
+        self.foreign_writer = Gauge(
+            "hami_trio_monitor_foreign_writer",
+            "1 while another writer (HAMi's own vGPUmonitor during a cut-over) is changing "
+            "the regions' control words in ways neither this monitor nor HAMi-core explains.",
+            registry=registry,
+        )
+        self.foreign_writes = Counter(
+            "hami_trio_monitor_foreign_writes_total",
+            "Control words found holding a value neither this monitor's last write nor "
+            "HAMi-core explains (recent_kernel, utilization_switch).",
+            registry=registry,
+        )
 
 
 class _LockWatch:
@@ -548,6 +561,7 @@ class Monitor:
         self._lock_error_logged = False
         self._mig_problem: MigLockProblem | None = None
         self._mig_limiter = RateLimiter(600.0, clock=trio.current_time)
+        self._foreign: ForeignWriterDetector[ContainerKey] = ForeignWriterDetector()
 
     # -- read-only state ------------------------------------------------------------------
 
@@ -589,6 +603,12 @@ class Monitor:
     def mig_lock_problem(self) -> MigLockProblem | None:
         """Why the MIG lock directory is refused right now (None: it is safe or missing)."""
         return self._mig_problem
+
+    @property
+    def foreign_writer(self) -> bool:
+        """True while another monitor is judged to be writing feedback into the same
+        regions (see :mod:`hami_trio.monitor.foreign`)."""
+        return self._foreign.active
 
     @property
     def ticks(self) -> int:
@@ -673,6 +693,7 @@ class Monitor:
         grants = self._scope.grants(snapshots)
         writes = observe(snapshots, grants)
         self._scope.note(snapshots, grants)
+        self._check_foreign(snapshots)
         written = 0
         applied: list[Write[ContainerKey]] = []  # the batches written, for the insights
         # Shielded: a deadline or a stop never cuts a tick's writes half-way; a MIG lock is
@@ -689,12 +710,48 @@ class Monitor:
                 if count:
                     applied.extend(batch)
                 written += count
+            self._foreign.record(snapshots, applied)
         await self._explain(snapshots, applied)
         self._ticks += 1
         self._last_tick_time = self._wall_clock()
         self._metrics.last_tick.set(self._last_tick_time)
         self._metrics.tick.observe(time.perf_counter() - started)
         return written
+
+    def _check_foreign(self, snapshots: Mapping[ContainerKey, UsageSnapshot]) -> None:
+        """Judge the control words against what the previous tick left; log a change of
+        verdict once.  Never alters what this tick writes."""
+        was = self._foreign.active
+        seen = self._foreign.check(snapshots)
+        if seen:
+            self._metrics.foreign_writes.inc(len(seen))
+        if self._foreign.active == was:
+            return
+        self._metrics.foreign_writer.set(1 if self._foreign.active else 0)
+        if self._foreign.active:
+            first = self._foreign.last_seen[0]
+            logger.warning(
+                "another monitor is writing feedback into the regions under %s "
+                "(%s of container %s held %d, this monitor left %d): two monitors fight over "
+                "recent_kernel and utilization_switch. Switch off HAMi's vgpu-monitor "
+                "container on this node (docs/migration.md); hami-trio does not fight back",
+                self._config.containers_dir,
+                first.field.name.lower(),
+                first.key.dirname,
+                first.found,
+                first.left,
+                extra={
+                    "event": "foreign_writer",
+                    "containers_dir": str(self._config.containers_dir),
+                },
+            )
+        else:
+            logger.info(
+                "no other monitor has changed the control words for %d ticks: this monitor's "
+                "feedback is the only one",
+                CLEAR_TICKS,
+                extra={"event": "foreign_writer_gone"},
+            )
 
     async def _explain(
         self,

@@ -46,6 +46,7 @@ def test_defaults_without_kubernetes() -> None:
     assert config.http_limits.max_connections == 64
     assert config.http_limits.request_timeout == 10.0
     assert config.legacy_metrics is False
+    assert config.prepare_lock_parent is False
     assert config.broker is None
     assert config.shutdown_timeout == 10.0
     assert (config.log_format, config.log_level) == ("text", "info")
@@ -64,6 +65,7 @@ def test_every_setting_reads_its_flag_then_its_variable() -> None:
         "interval": "250ms",
         "mig_lock_path": "/m/lock",
         "lock_parent_path": "/l/vgpulock",
+        "prepare_lock_parent": "true",
         "metrics_bind_address": "127.0.0.1:0",
         "debug_bind_address": "[::1]:9500",
         "metrics_max_connections": "16",
@@ -89,6 +91,7 @@ def test_every_setting_reads_its_flag_then_its_variable() -> None:
         assert config.monitor.interval == 0.25
         assert config.monitor.mig_lock_path == Path("/m/lock")
         assert config.lock_parent_path == Path("/l/vgpulock")
+        assert config.prepare_lock_parent is True
         assert config.metrics_bind == BindAddress("127.0.0.1", 0)
         assert config.debug_bind == BindAddress("::1", 9500)
         assert config.http_limits.max_connections == 16

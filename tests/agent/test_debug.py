@@ -293,6 +293,7 @@ def test_the_document_orders_counts_selects_and_summarises() -> None:
         "exchanges": {"ok": 3, "timeout": 1},
         "exchanges_total": 4,
         "in_flight": 2,
+        "foreign_listener": None,
     }
     assert doc["pods"]["source"] == "kubernetes"
     assert (doc["truncated"], doc["containers_matched"], doc["containers_shown"]) == (False, 4, 4)

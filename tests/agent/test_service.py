@@ -52,7 +52,7 @@ from tests.agent.agent import break_listener, http_get
 from tests.broker.wire import exchange, present, read_to_eof, send_now
 from tests.metrics.fake_nvml import FakeGpu, FakeNvml
 from tests.pods.fake_kube import FakeKubeApi
-from tests.pods.test_watch import write_kubeconfig
+from tests.pods.test_watch import wait_until, write_kubeconfig
 
 GPU = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 
@@ -792,3 +792,77 @@ async def test_debug_view_names_pods_from_the_api_server_and_why_others_are_unkn
         assert [e["pod"] for e in picked["containers"]] == ["trainer-0"]
         handle.request_stop()
         fake.stop()
+
+
+# -- beside another broker (HAMi's, during a cut-over) -----------------------------------
+
+
+async def test_another_broker_at_the_socket_path_is_waited_beside_never_fought(
+    hook: Path,
+    mig_lock: Path,
+    socket_path: Path,
+    nvml: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from hami_trio.agent import service as service_module
+
+    monkeypatch.setattr(service_module, "FOREIGN_BROKER_RETRY", 0.2)
+    # HAMi's broker as its device plugin runs it: a root socket in a 0711 directory and its
+    # broker.lock, held with flock, inside that directory.
+    socket_path.parent.mkdir(mode=0o711)
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    other.bind(str(socket_path))
+    other.listen(16)
+    hami_lock = socket_path.parent / "broker.lock"
+    lock_file = open(hami_lock, "wb")  # noqa: SIM115, ASYNC230 - held across the test
+    fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    identity = (os.stat(socket_path).st_dev, os.stat(socket_path).st_ino)
+    config = config_for(hook, mig_lock, socket_path=socket_path)
+    with caplog.at_level(logging.INFO), trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            handle: AgentHandle = await nursery.start(partial(serve_agent, config, nvml=nvml))
+            assert handle.broker is None  # waiting: the monitor and metrics run
+            assert handle.readiness()["broker"] is True  # the node's workloads are served
+            found = samples((await scrape(handle))[1])
+            assert found[("hami_trio_broker_foreign_listener", frozenset())] == 1
+            status, body = await debug_get(handle, "/debug/broker")
+            assert status == 200
+            foreign = json.loads(body)["broker"]["foreign_listener"]
+            assert "another server is listening" in foreign
+            assert f"HAMi's own broker: it holds {hami_lock}" in foreign
+            await trio.sleep(0.6)  # several retries: the other broker's files stay as they are
+            assert (os.stat(socket_path).st_dev, os.stat(socket_path).st_ino) == identity
+            assert hami_lock.exists()
+            assert not flock_free(hami_lock)
+            warned = [r for r in caplog.records if getattr(r, "event", None) == "foreign_broker"]
+            assert len(warned) == 1  # said once, not every retry
+
+            # HAMi's broker is switched off (its socket left behind, its lock released).
+            other.close()
+            lock_file.close()
+            await wait_until(lambda: handle.broker is not None)
+            assert await exchange(socket_path) == encode_response(os.getpid())
+            found = samples((await scrape(handle))[1])
+            assert found[("hami_trio_broker_foreign_listener", frozenset())] == 0
+            assert handle.readiness()["broker"] is True
+            handle.request_stop()
+    assert not present(socket_path)
+    gone = [r for r in caplog.records if getattr(r, "event", None) == "foreign_broker_gone"]
+    assert len(gone) == 1
+
+
+async def test_a_stop_while_waiting_beside_another_broker_drains_at_once(
+    hook: Path, mig_lock: Path, socket_path: Path, nvml: FakeNvml
+) -> None:
+    socket_path.parent.mkdir(mode=0o711)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as other:
+        other.bind(str(socket_path))
+        other.listen(16)
+        config = config_for(hook, mig_lock, socket_path=socket_path)
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                handle: AgentHandle = await nursery.start(partial(serve_agent, config, nvml=nvml))
+                assert handle.broker is None
+                handle.request_stop()
+        assert present(socket_path)  # the other broker's socket is left alone

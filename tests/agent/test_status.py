@@ -176,3 +176,25 @@ def test_a_stray_claim_says_what_counted_instead() -> None:
         render({"f": {"stray_reasons": list(honest.stray_reasons)}})
     )["f"]
     assert not any(line.startswith("feedback:") for line in format_status(doc).splitlines())
+
+
+def test_a_foreign_writer_gets_a_line_that_says_what_to_do() -> None:
+    import dataclasses
+
+    def status(foreign: bool) -> str:
+        doc = debug_state(
+            {},
+            StaticPodSource(),
+            now=0.0,
+            node_name="n",
+            version="9.9",
+            monitor=dataclasses.replace(MONITOR, foreign_writer=foreign),
+            pods=PodWatchSummary("static", True, False),
+            broker=None,
+        )
+        assert json.loads(render(doc))["monitor"]["foreign_writer"] is foreign
+        return format_status(doc)
+
+    assert "ANOTHER MONITOR" not in status(False)
+    line = next(x for x in status(True).splitlines() if x.startswith("ANOTHER MONITOR"))
+    assert "docs/migration.md" in line

@@ -24,6 +24,7 @@ from hami_trio.allocation.lockdir import (
     prepare_lock_parent,
 )
 from hami_trio.errors import LockDirError
+from tests.allocation.immutable import clear_immutable
 
 NOBODY = 65534
 ME = os.geteuid()
@@ -441,6 +442,7 @@ def test_the_broker_mount_point_is_made_only_with_the_broker_on(
     st = os.lstat(tree.lock / "hostpid")
     assert stat.S_ISDIR(st.st_mode)
     assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o755, ME)
+    clear_immutable(tree.lock)  # as root the preparation made it immutable
     (tree.lock / "hostpid").chmod(0o777)  # group/other-writable: fixed like the parent's mode
     prepare_lock_parent(tree.path, ME, broker=True)
     assert stat.S_IMODE(os.lstat(tree.lock / "hostpid").st_mode) == 0o755

@@ -65,7 +65,10 @@ def node(tmp_path: Path) -> Node:
     outside.chmod(0o700)
     (outside / "secret").write_text("keep")
     lock = tmp / "vgpulock"
-    prepare_lock_parent(str(lock), 0, broker=True)  # what the device plugin did earlier
+    # What the device plugin did earlier, with the broker still off: no hostpid yet, so a
+    # workload can plant anything there (once prepared with the broker on it is immutable:
+    # tests/allocation/test_mount_point_immutable.py).
+    prepare_lock_parent(str(lock), 0)
     return Node(tmp, lock, outside)
 
 
@@ -110,13 +113,11 @@ def take_over(outside: str) -> int:
     a symlink at the nested mount point (possible whenever the broker mount is not there)."""
     os.chown(WORKLOAD_LOCK, INTRUDER, INTRUDER)  # CAP_CHOWN
     os.chmod(WORKLOAD_LOCK, 0o777)  # owner or CAP_FOWNER: no more sticky bit
-    os.rmdir(WORKLOAD_LOCK / "hostpid")  # uid 0 or CAP_FOWNER: the sticky bit does not stop it
     os.symlink(outside, WORKLOAD_LOCK / "hostpid")
     return os.stat(WORKLOAD_LOCK).st_uid
 
 
 def plant_file() -> None:
-    os.rmdir(WORKLOAD_LOCK / "hostpid")
     (WORKLOAD_LOCK / "hostpid").write_text("not a mount point")
 
 

@@ -60,3 +60,43 @@ async def test_gauges_warnings_and_recovery(
         assert gauge("hami_trio_lock_parent_ok") == 1
         assert any("is safe again" in r.getMessage() for r in caplog.records)
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.root
+async def test_the_mount_point_flag_is_a_gauge_and_one_warning(
+    autojump_clock: MockClock, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    parent = tmp_path / "tmp"
+    parent.mkdir()
+    parent.chmod(0o1777)
+    lock = parent / "vgpulock"
+    prepare_lock_parent(str(lock), 0)
+    registry = CollectorRegistry()
+    watch = LockParentWatch(str(lock), owner=0, broker=True, registry=registry)
+    caplog.set_level(logging.WARNING, logger="hami_trio.allocation.watch")
+
+    def immutable() -> float | None:
+        return registry.get_sample_value("hami_trio_lock_mount_point_immutable")
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(serve_lock_parent_watch, watch, 5.0)
+        assert immutable() == 0  # missing: the next preparation makes it; no warning
+        (lock / "hostpid").mkdir(0o755)  # what the runtime creates: no flag
+        await trio.sleep(21)
+        assert immutable() == 0
+        warned = [r.getMessage() for r in caplog.records]
+        assert len(warned) == 1  # four checks, one line
+        assert f"nested mount point {lock}/hostpid is not immutable (not-set)" in warned[0]
+        assert f"hami-trio prepare-lock-dir --broker {lock}" in warned[0]
+        prepare_lock_parent(str(lock), 0, broker=True)
+        await trio.sleep(6)  # past the next check (the checks run at multiples of 5 s)
+        assert immutable() == 1
+        assert watch.state.mount_point == "immutable"
+        nursery.cancel_scope.cancel()
+    assert registry.get_sample_value("hami_trio_lock_parent_ok") == 1
+
+
+async def test_no_mount_point_gauge_with_the_broker_off(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    LockParentWatch(str(tmp_path / "vgpulock"), owner=ME, broker=False, registry=registry).check()
+    assert registry.get_sample_value("hami_trio_lock_mount_point_immutable") is None

@@ -503,3 +503,35 @@ def test_root_can_hand_everything_to_another_expected_owner(socket_path: Path) -
     with opened(socket_path, expected_uid=NOBODY):
         pass
     refused(socket_path, f"directory is owned by uid {NOBODY}, expected 0")
+
+
+# -- another broker's lock, seen without touching it -------------------------------------
+
+
+def test_flock_identities_reads_proc_locks_lines() -> None:
+    from hami_trio.broker.boundary import _flock_identities
+
+    text = (
+        "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF\n"
+        "1: -> FLOCK  ADVISORY  WRITE 4343 fd:01:1234 0 EOF\n"  # a waiter: same lock
+        "2: POSIX  ADVISORY  WRITE 99 08:02:77 0 EOF\n"  # fcntl locks are not flock
+        "3: FLOCK  ADVISORY  READ 5 00:1a:9 0 EOF\n"
+        "garbage\n"
+        "4: FLOCK ADVISORY WRITE 1 zz:01:5 0 EOF\n"
+    )
+    assert _flock_identities(text) == {(os.makedev(0xFD, 1), 1234), (os.makedev(0, 0x1A), 9)}
+
+
+def test_flock_held_sees_a_held_lock_and_never_takes_it(tmp_path: Path) -> None:
+    from hami_trio.broker.boundary import flock_held
+
+    lock = tmp_path / "broker.lock"
+    lock.write_bytes(b"")
+    assert not flock_held(lock)
+    assert not flock_held(tmp_path / "missing")
+    with open(lock, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert flock_held(lock)
+        assert flock_held(lock)  # asking twice changed nothing: still held by us alone
+    assert not flock_held(lock)
+    assert not flock_held(lock, locks=tmp_path / "no-proc-locks")

@@ -6,21 +6,24 @@ import os
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from hami_trio.cli.main import main
 from hami_trio.goparse import BROKER_SWITCH_ENV
+from tests.allocation.immutable import clear_immutable
 
 ME = str(os.geteuid())
 
 
 @pytest.fixture
-def lock(tmp_path: Path) -> Path:
+def lock(tmp_path: Path) -> Iterator[Path]:
     (tmp_path / "tmp").mkdir()
     (tmp_path / "tmp").chmod(0o1777)
-    return tmp_path / "tmp" / "vgpulock"
+    yield tmp_path / "tmp" / "vgpulock"
+    clear_immutable(tmp_path)  # with the broker on, root's preparation made hostpid immutable
 
 
 def feed_stdin(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:

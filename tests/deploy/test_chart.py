@@ -318,6 +318,13 @@ def test_daemonset_runs_as_root_with_only_the_capabilities_it_needs(chart: Any) 
     assert security["readOnlyRootFilesystem"] is True
     assert security["capabilities"]["drop"] == ["ALL"]
     assert sorted(security["capabilities"]["add"]) == ["DAC_OVERRIDE", "FOWNER"]
+    # With the broker on, one more: the immutable flag on the broker's mount point.
+    broker_security = agent(render(chart, BROKER_ON))["securityContext"]
+    assert sorted(broker_security["capabilities"]["add"]) == [
+        "DAC_OVERRIDE",
+        "FOWNER",
+        "LINUX_IMMUTABLE",
+    ]
 
 
 def test_daemonset_scheduling_and_rollout(chart: Any) -> None:
@@ -413,9 +420,11 @@ def test_no_host_tmp_only_the_two_directories_read_only(chart: Any) -> None:
         assert "/tmp" not in mounts
         assert "/tmp" not in host_paths
         mig_dir = str(Path(values.get("migLockPath", "/tmp/hami/hami-mig-apply.lock")).parent)
-        # The MIG lock's directory and the lock parent: the agent only looks at them.
+        # The MIG lock's directory: the agent only looks at it.  The lock parent too, but
+        # with the broker on it prepares it at start (the immutable mount point hostpid).
         assert mounts[mig_dir]["readOnly"] is True
-        assert mounts["/tmp/vgpulock"]["readOnly"] is True
+        assert mounts["/tmp/vgpulock"]["readOnly"] is (values is not BROKER_ON)
+        assert ("--prepare-lock-parent" in agent(by_kind)["args"]) is (values is BROKER_ON)
         assert (
             f"--mig-lock-path={values.get('migLockPath', '/tmp/hami/hami-mig-apply.lock')}"
             in (agent(by_kind)["args"])
@@ -423,7 +432,7 @@ def test_no_host_tmp_only_the_two_directories_read_only(chart: Any) -> None:
         writable = {path for path, m in mounts.items() if not m.get("readOnly", False)}
         expected = {"/usr/local/vgpu/containers"}
         if values is BROKER_ON:
-            expected |= {BROKER_DIR, BROKER_LOCK_DIR}
+            expected |= {BROKER_DIR, BROKER_LOCK_DIR, "/tmp/vgpulock"}
         assert writable == expected
 
 
@@ -595,6 +604,7 @@ SMUGGLED: list[tuple[dict[str, Any], str]] = [
     ({"extraArgs": ["--log-level=debug"]}, "pass --log-level"),
     ({"extraArgs": ["--broker-socket-path=/x.sock"]}, "pass --broker-socket-path"),
     ({"extraArgs": ["--broker-lock-path=/x.lock"]}, "pass --broker-lock-path"),
+    ({"extraArgs": ["--prepare-lock-parent"]}, "pass --prepare-lock-parent"),
     # Flags that would override what the chart sets through the environment (and mounts).
     ({"extraArgs": ["--hook-path=/x"]}, "pass --hook-path"),
     ({"extraArgs": ["--node-name=other"]}, "pass --node-name"),
@@ -881,3 +891,136 @@ def test_schema_rejects_bad_prometheus_rule_values(
 ) -> None:
     with pytest.raises(helm.HelmValuesError, match=re.escape(where)):
         chart.render(values=values, name=RELEASE, namespace=NAMESPACE)
+
+
+# -- found by the clients HAMi operators already run --------------------------------------
+
+# The ServiceMonitors as those charts render them with their defaults (facts recorded from
+# HAMi-WebUI's charts/hami-webui templates/hamiservicemonitor.yaml and HAMi's
+# charts/hami templates/device-plugin/servicemonitor.yaml; neither chart is vendored here).
+WEBUI_SERVICE_MONITOR: dict[str, Any] = {
+    "selector": {"matchLabels": {"app.kubernetes.io/component": "hami-device-plugin"}},
+    "namespaceSelector": {"matchNames": ["kube-system"]},
+    "endpoints": [{"path": "/metrics", "port": "monitorport", "honorLabels": False}],
+}
+HAMI_SERVICE_MONITOR: dict[str, Any] = {  # release "hami" in kube-system, the install docs' name
+    "namespace": "kube-system",
+    "selector": {
+        "matchLabels": {
+            "app.kubernetes.io/component": "hami-device-plugin",
+            "app.kubernetes.io/name": "hami",
+            "app.kubernetes.io/instance": "hami",
+        }
+    },
+    "endpoints": [{"path": "/metrics", "port": "monitorport"}],
+}
+
+
+def selects(monitor: dict[str, Any], service: dict[str, Any]) -> bool:
+    """Whether a ServiceMonitor scrapes a Service (prometheus-operator's rules: the namespace,
+    every matchLabels pair, an endpoint port by name)."""
+    spec = monitor.get("spec", monitor)
+    names = spec.get("namespaceSelector", {}).get("matchNames") or [
+        monitor.get("namespace") or monitor.get("metadata", {}).get("namespace")
+    ]
+    if service["metadata"]["namespace"] not in names:
+        return False
+    labels = service["metadata"].get("labels", {})
+    wanted = spec["selector"]["matchLabels"]
+    if any(labels.get(k) != v for k, v in wanted.items()):
+        return False
+    ports = {p["name"] for p in service["spec"]["ports"]}
+    return any(e["port"] in ports for e in spec["endpoints"])
+
+
+def render_in(
+    chart: Any, namespace: str, values: dict[str, Any]
+) -> dict[str, list[dict[str, Any]]]:
+    rendered = chart.render(values=values, name=RELEASE, namespace=namespace)
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for path, text in rendered.items():
+        if path.endswith(".yaml"):
+            for doc in yaml.safe_load_all(text):
+                if doc:
+                    by_kind.setdefault(doc["kind"], []).append(doc)
+    return by_kind
+
+
+def test_hami_compatible_service_is_found_by_webui_and_hamis_service_monitors(chart: Any) -> None:
+    values = {
+        "metrics": {
+            "service": {
+                "hamiCompatible": {
+                    "enabled": True,
+                    "labels": {
+                        "app.kubernetes.io/name": "hami",
+                        "app.kubernetes.io/instance": "hami",
+                    },
+                }
+            }
+        },
+        "serviceMonitor": {"enabled": True},
+    }
+    by_kind = render_in(chart, "kube-system", values)
+    services = {s["metadata"]["name"]: s for s in by_kind["Service"]}
+    compat, ours = services[f"{RELEASE}-hami"], services[RELEASE]
+    assert selects(WEBUI_SERVICE_MONITOR, compat)
+    assert selects(HAMI_SERVICE_MONITOR, compat)
+    assert not selects(WEBUI_SERVICE_MONITOR, ours)
+    # This chart's ServiceMonitor scrapes each agent once: through its own Service only.
+    (own,) = by_kind["ServiceMonitor"]
+    assert selects(own, ours)
+    assert not selects(own, compat)
+    # The compatible Service reaches the agent pods' metrics port.
+    pod_labels = only(by_kind, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert compat["spec"]["selector"].items() <= pod_labels.items()
+    (port,) = compat["spec"]["ports"]
+    assert (port["name"], port["targetPort"], port["port"]) == ("monitorport", "metrics", 9394)
+
+
+def test_by_default_no_hami_service_monitor_selects_the_agent(chart: Any) -> None:
+    by_kind = render_in(chart, "kube-system", {})
+    (service,) = by_kind["Service"]
+    assert not selects(WEBUI_SERVICE_MONITOR, service)
+    assert not selects(HAMI_SERVICE_MONITOR, service)
+
+
+def test_webui_needs_the_hami_compatible_service_in_its_namespace(chart: Any) -> None:
+    values = {"metrics": {"service": {"hamiCompatible": {"enabled": True}}}}
+    by_kind = render_in(chart, NAMESPACE, values)
+    compat = next(s for s in by_kind["Service"] if s["metadata"]["name"].endswith("-hami"))
+    assert not selects(WEBUI_SERVICE_MONITOR, compat)  # docs: install into kube-system, or
+    moved = {**WEBUI_SERVICE_MONITOR, "namespaceSelector": {"matchNames": [NAMESPACE]}}
+    assert selects(moved, compat)  # set WebUI's hamiServiceMonitor.svcNamespace
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_hami_node_labels_relabel_node_name_and_ip(chart: Any, on: bool) -> None:
+    values = {"serviceMonitor": {"enabled": True, "hamiNodeLabels": on}}
+    (monitor,) = render(chart, values)["ServiceMonitor"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    targets = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+    assert targets["node"] == ["__meta_kubernetes_pod_node_name"]
+    if on:
+        assert targets["node_name"] == ["__meta_kubernetes_pod_node_name"]
+        assert targets["ip"] == ["__meta_kubernetes_pod_host_ip"]
+    else:
+        assert set(targets) == {"node"}
+
+
+def test_the_migration_runbook_names_only_values_metrics_and_alerts_that_exist(
+    chart: Any,
+) -> None:
+    text = (ROOT / "docs" / "migration.md").read_text()
+    paths = set(_value_paths(chart.schema))
+    named = set(
+        re.findall(r"`((?:metrics|serviceMonitor|devicePlugin)\.[A-Za-z.]+)(?:=[^`]*)?`", text)
+    )
+    assert named, "the runbook names chart values"
+    assert named <= paths, named - paths
+    metrics_doc = (ROOT / "docs" / "metrics.md").read_text()
+    for metric in set(re.findall(r"`(hami_trio_[a-z_]+)`", text)):
+        assert f"`{metric}`" in metrics_doc, metric
+    rules = (CHART / "files" / "hami-trio-rules.yaml").read_text()
+    for alert in set(re.findall(r"`(HamiTrio[A-Za-z]+)`", text)):
+        assert f"alert: {alert}\n" in rules, alert

@@ -52,6 +52,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.allocation.immutable import clear_immutable, is_immutable
 from tests.clients.harness import Sandbox, build_c_client, make_sandbox, sandbox_command
 from tests.sandbox import world_readable_dir
 
@@ -75,8 +76,8 @@ BASE_SCRIPT = ROOT / "deploy" / "base-image.sh"
 TOOLS = ("podman", "runc", "mmdebstrap", "nsenter", "unshare", "setpriv", "gcc")
 NODE_NAME = "image-test-node"
 STORM = 1000
-# Capability numbers (linux/capability.h) of the two the chart keeps.
-CAPS = {"DAC_OVERRIDE": 1, "FOWNER": 3}
+# Capability numbers (linux/capability.h) of those the chart keeps with the broker on.
+CAPS = {"DAC_OVERRIDE": 1, "FOWNER": 3, "LINUX_IMMUTABLE": 9}
 
 
 def _unavailable(reason: str) -> None:
@@ -438,6 +439,7 @@ def agent(image: str, steps: Steps, tmp_path_factory: pytest.TempPathFactory) ->
             yield agent
         finally:
             _podman("rm", "--force", "--time", "5", name, check=False)
+            clear_immutable(node)  # the agent made vgpulock/hostpid immutable
             # Nothing of the container is left running (conmon reaps the agent).
             assert pid == 0 or not Path(f"/proc/{pid}").exists() or _is_zombie(pid)
 
@@ -465,9 +467,12 @@ def _metrics(agent: Agent) -> dict[tuple[str, frozenset[tuple[str, str]]], float
 def test_ready_and_confined_as_the_chart_says(agent: Agent) -> None:
     assert agent.http_get(agent.run.ready_path) == (
         200,
-        "[+]broker ok\n[+]monitor ok\n[+]mig-lock-dir ok\nreadyz check passed\n",
+        "[+]broker ok\n[+]monitor ok\n[+]mig-lock-dir ok\n[+]lock-mount-point ok\n"
+        "readyz check passed\n",
     )
     assert agent.http_get("/healthz") == (200, "ok\n")
+    # Prepared at start, through the chart's writable mount and LINUX_IMMUTABLE.
+    assert is_immutable(agent.run.host_dirs["/tmp/vgpulock"] / "hostpid")
 
     status = dict(
         line.split(":\t", 1) for line in Path(f"/proc/{agent.pid}/status").read_text().splitlines()
@@ -654,6 +659,7 @@ def test_cache_file_of_a_tenant_shows_up_with_its_exact_values(agent: Agent) -> 
         time.sleep(0.5)
     assert metrics[("hami_trio_monitor_containers", frozenset({("state", "exported")}))] == 1
     assert metrics[("hami_trio_lock_parent_ok", frozenset())] == 1
+    assert metrics[("hami_trio_lock_mount_point_immutable", frozenset())] == 1
 
 
 def test_sigterm_exits_0_and_removes_the_socket(agent: Agent) -> None:

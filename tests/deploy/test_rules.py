@@ -38,6 +38,8 @@ ALERTS = frozenset(
         "HamiTrioContainerHostPidUnknown",
         "HamiTrioLockParentRefused",
         "HamiTrioMigLockDirUnsafe",
+        "HamiTrioForeignMonitor",
+        "HamiTrioForeignBroker",
         "HamiTrioRemovalsFailing",
         "HamiTrioCollectorErrors",
     }

@@ -558,6 +558,79 @@ async def test_insights_count_processes_and_blocking_on_the_monitor_clock(
     assert registry.get_sample_value("hami_trio_monitor_process_liveness_checks_total") == 0
 
 
+# -- another monitor on the same regions -------------------------------------------------
+
+
+async def test_a_second_monitor_is_detected_logged_once_and_cleared_without_a_fight(
+    autojump_clock: MockClock, hook: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.monitor.upstream_writer import upstream_tick
+
+    hi = add(hook, "hi_c", priority=0, recent_kernel=2)
+    lo = add(hook, "lo_c", priority=1, recent_kernel=2)
+    registry = CollectorRegistry()
+    foreign = True
+
+    async def workloads_and_upstream() -> None:
+        # Half an interval after each tick: both workloads launch, then (while it runs)
+        # HAMi's own monitor ticks on the same files.
+        await trio.sleep(2.5)
+        while True:
+            hi.launch_kernel()
+            lo.launch_kernel()
+            if foreign:
+                upstream_tick(hook / "containers")
+            await trio.sleep(5)
+
+    def gauge() -> float | None:
+        return registry.get_sample_value("hami_trio_monitor_foreign_writer")
+
+    with caplog.at_level(logging.INFO, logger="hami_trio.monitor.loop"):
+        async with trio.open_nursery() as nursery:
+            monitor = await start(nursery, config(hook), registry)
+            nursery.start_soon(workloads_and_upstream)
+            await trio.sleep(5 * 4)
+            assert monitor.foreign_writer
+            assert gauge() == 1
+            counted = registry.get_sample_value("hami_trio_monitor_foreign_writes_total")
+            assert counted is not None
+            assert counted >= 2
+            await trio.sleep(5 * 6)
+            assert monitor.foreign_writer  # still there: no flapping
+            foreign = False
+            await trio.sleep(5 * 14)
+            assert not monitor.foreign_writer
+            assert gauge() == 0
+            # hami-trio's feedback is the only one again: hi runs, lo is blocked behind it.
+            assert hi.read_control()[0] >= 0
+            monitor.request_stop()
+            nursery.cancel_scope.cancel()
+    fired = [r for r in caplog.records if getattr(r, "event", None) == "foreign_writer"]
+    gone = [r for r in caplog.records if getattr(r, "event", None) == "foreign_writer_gone"]
+    assert len(fired) == 1
+    assert len(gone) == 1
+    assert "docs/migration.md" in fired[0].getMessage()
+
+
+async def test_one_monitor_alone_never_sees_a_foreign_writer(
+    autojump_clock: MockClock, hook: Path
+) -> None:
+    hi = add(hook, "hi_c", priority=0, recent_kernel=2)
+    lo = add(hook, "lo_c", priority=1, recent_kernel=2)
+    registry = CollectorRegistry()
+    async with trio.open_nursery() as nursery:
+        monitor = await start(nursery, config(hook), registry)
+        for step in range(40):
+            await trio.sleep(2.5)
+            if step % 3:  # bursts and pauses, both containers
+                hi.launch_kernel()
+            if step % 2:
+                lo.launch_kernel()
+        assert not monitor.foreign_writer
+        monitor.request_stop()
+    assert registry.get_sample_value("hami_trio_monitor_foreign_writes_total") == 0
+
+
 # -- pod grants ----------------------------------------------------------------------------
 
 

@@ -108,7 +108,7 @@ failing check stops the whole rendering (helm install / upgrade / template).
 {{- fail (printf "extraEnv must not set %s: the chart manages it (see devicePlugin.hostPIDBroker.enabled, hookPath, resyncInterval, nvidiaVisibleDevices, debug.bindAddress)" .name) }}
 {{- end }}
 {{- end }}
-{{- $managedFlags := list "--metrics-bind-address" "--legacy-metrics" "--exclude-exited-processes" "--log-format" "--log-level" "--broker-socket-path" "--broker-lock-path" "--mig-lock-path" "--hook-path" "--node-name" "--resync-interval" "--debug-bind-address" }}
+{{- $managedFlags := list "--metrics-bind-address" "--legacy-metrics" "--exclude-exited-processes" "--log-format" "--log-level" "--broker-socket-path" "--broker-lock-path" "--prepare-lock-parent" "--mig-lock-path" "--hook-path" "--node-name" "--resync-interval" "--debug-bind-address" }}
 {{- range .Values.extraArgs }}
 {{- $flag := first (splitList "=" (toString .)) }}
 {{- if has $flag $managedFlags }}
