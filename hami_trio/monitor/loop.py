@@ -690,9 +690,8 @@ class Monitor:
         snapshots: dict[ContainerKey, UsageSnapshot] = {
             key: state.snapshot for key, state in view.items() if state.snapshot is not None
         }
-        grants = self._scope.grants(snapshots)
-        writes = observe(snapshots, grants)
-        self._scope.note(snapshots, grants)
+        # With Kubernetes: the grants of the files that claim more than their pods give them.
+        writes = observe(snapshots, self._scope.update(snapshots))
         self._check_foreign(snapshots)
         written = 0
         applied: list[Write[ContainerKey]] = []  # the batches written, for the insights

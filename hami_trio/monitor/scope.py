@@ -4,14 +4,16 @@ How this works: with Kubernetes the agent hands the monitor ``grants_of(pod)`` -
 name -> :class:`~hami_trio.monitor.feedback.Grant`, from the pod's
 ``hami.io/vgpu-devices-allocated`` entry and the priority its spec sets; None for a pod
 without a usable allocation annotation.  Every tick :meth:`FeedbackScope.grants` looks up the
-pod of each loaded container in the ``PodSource`` and returns the grants for
-:func:`~hami_trio.monitor.feedback.observe`; a pod's grants are computed once per ``PodInfo``
+pod of each loaded container in the ``PodSource`` and returns their grants; a pod's grants
+are computed once per ``PodInfo``
 object (the watch publishes a new one per change), and only for pods with loaded containers.
 A container of an annotated pod that its entry gives nothing gets an empty grant: it is
 counted on no GPU.  Without Kubernetes (no ``grants_of``), or for a pod that is unknown or
 has no annotation, there is no grant: the file counts alone, as upstream.
 
-:meth:`FeedbackScope.note` then compares every file with its grant.  A file that claims a
+:meth:`FeedbackScope.note` then compares every file with its grant and returns the grants
+that change something for :func:`~hami_trio.monitor.feedback.observe` (a grant that agrees
+with its file changes no write; :meth:`FeedbackScope.update` does both).  A file that claims a
 GPU UUID its allocation does not list (reason ``uuid``) or a priority other than the one its
 pod spec sets (reason ``priority``) makes a *stray claim*: the feedback counts the container
 as its pod says (:func:`~hami_trio.monitor.feedback.scoped`),
@@ -143,8 +145,10 @@ class FeedbackScope:
             registry=registry,
         )
         for reason in STRAY_REASONS:
-            self._gauge.labels(reason=reason).set(0)
             self._started.labels(reason=reason)
+        self._gauges = [(reason, self._gauge.labels(reason=reason)) for reason in STRAY_REASONS]
+        for _, gauge in self._gauges:
+            gauge.set(0)
 
     @property
     def enabled(self) -> bool:
@@ -178,29 +182,48 @@ class FeedbackScope:
         self._cache = {uid: entry for uid, entry in seen.items() if entry is not None}
         return found
 
+    def update(self, containers: Mapping[ContainerKey, Observable]) -> dict[ContainerKey, Grant]:
+        """One tick: :meth:`grants` of ``containers``, then :meth:`note`.
+
+        Returns:
+            The grants of the stray claims only: what :func:`observe` needs, since a grant
+            that agrees with its file changes nothing (the same writes as all grants).
+        """
+        return self.note(containers, self.grants(containers))
+
     def note(
         self, containers: Mapping[ContainerKey, Observable], grants: Mapping[ContainerKey, Grant]
-    ) -> None:
-        """Publish this tick's grants and count, log and remember its stray claims."""
+    ) -> dict[ContainerKey, Grant]:
+        """Publish this tick's grants and count, log and remember its stray claims.
+
+        Returns:
+            The grants of the containers whose files claim more than them.
+        """
         flagged: dict[ContainerKey, tuple[StrayReason, ...]] = {}
+        changed: dict[ContainerKey, Grant] = {}
+        get = containers.get
         for key, grant in grants.items():
-            container = containers.get(key)
+            container = get(key)
             if container is None:
                 continue
+            priority = grant.priority
+            if (grant.devices is None or grant.allowed.issuperset(container.device_keys)) and (
+                priority is None or priority == container.priority
+            ):
+                continue  # the file says what the pod says
             reasons = _reasons(container, grant)
-            if reasons:
-                flagged[key] = reasons
-                before = self._flagged.get(key, ())
-                for reason in reasons:
-                    if reason not in before:
-                        self._started.labels(reason=reason).inc()
-                        self._warn(key, reason, container, grant)
-        for reason in STRAY_REASONS:
-            self._gauge.labels(reason=reason).set(
-                sum(1 for reasons in flagged.values() if reason in reasons)
-            )
+            flagged[key] = reasons
+            changed[key] = grant
+            before = self._flagged.get(key, ())
+            for reason in reasons:
+                if reason not in before:
+                    self._started.labels(reason=reason).inc()
+                    self._warn(key, reason, container, grant)
+        for reason, gauge in self._gauges:
+            gauge.set(sum(1 for reasons in flagged.values() if reason in reasons))
         self._flagged = flagged
         self._grants = grants
+        return changed
 
     def _warn(
         self, key: ContainerKey, reason: StrayReason, container: Observable, grant: Grant

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import pytest
 from prometheus_client import CollectorRegistry
 
-from hami_trio.monitor.feedback import Grant, Observed
+from hami_trio.monitor.feedback import Grant, Observed, observe
 from hami_trio.monitor.lister import ContainerKey
 from hami_trio.monitor.scope import FeedbackScope, uuid_text
 from hami_trio.pods.source import PodInfo, StaticPodSource
@@ -86,6 +86,17 @@ def test_without_kubernetes_there_are_no_grants() -> None:
     assert scope.grants([KEY]) == {}
     claim = scope.claim(KEY, Observed(0, 2, 0, (gpu("B"),)))
     assert (claim.scoped, claim.counted, claim.priority, claim.strays) == (False, ("B",), 0, ())
+
+
+def test_update_gives_observe_only_the_grants_of_stray_claims() -> None:
+    pods = Pods(POD, PodInfo("u2", "ns", "b", containers=("main",), annotations={"a": "1"}))
+    scope, _, _, _ = make(pods)
+    honest, liar = KEY, ContainerKey("u2", "main")
+    node = {honest: Observed(1, 2, 0, (gpu("A"),)), liar: Observed(0, 2, 0, (gpu("A"),))}
+    changed = scope.update(node)
+    assert changed == {liar: Grant((gpu("A"),), 1)}
+    assert observe(node, changed) == observe(node, scope.grants(node))
+    assert scope.claim(honest, node[honest]).scoped  # published for the view all the same
 
 
 def sample(registry: CollectorRegistry, name: str, reason: str) -> float | None:
