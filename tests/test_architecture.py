@@ -58,6 +58,9 @@ SEAMS: Mapping[tuple[str, str], str] = {
     ("hami_trio.monitor.loop", "hami_trio.pods.source"): (
         "the monitor's configuration and tick take the same PodSource (protocol and PodInfo)"
     ),
+    ("hami_trio.monitor.scope", "hami_trio.pods.source"): (
+        "the feedback's grants are looked up per pod in the same PodSource (PodInfo)"
+    ),
     ("hami_trio.metrics.collector", "hami_trio.pods.source"): (
         "the collector labels rows with the pods of the PodSource the agent passes in"
     ),
@@ -99,6 +102,7 @@ PURE_CORES = frozenset(
         "hami_trio.pods.decode",
         "hami_trio.pods.migalloc",
         "hami_trio.pods.allocated",
+        "hami_trio.pods.priority",
         "hami_trio.metrics.exportstate",
         "hami_trio.agent.debug",
     }

@@ -4,7 +4,8 @@ The feedback properties are stated once, in tests/monitor/test_feedback.py; this
 those bodies over the same strategies for longer: agreement with a literal port of upstream
 (on priorities small enough for upstream's list-per-priority), idempotence on a quiet second
 tick, never blocking the highest active priority, determinism and independence of input
-order, writes only of changed words and at most two per container.
+order, writes only of changed words and at most two per container; with pod grants, that
+honest ones change no write and that any are Observe over the node as the pods tell it.
 
 New here:
 
@@ -113,6 +114,18 @@ TARGET = Target(
             "writes_only_changes",
             (_BIG_NODES,),
             _body(test_feedback.test_writes_only_changes_and_at_most_two_per_container),  # type: ignore[arg-type]
+            weight=0.5,
+        ),
+        Property(
+            "honest_grants",
+            (st_feedback.granted_nodes(honest=True),),
+            _body(test_feedback.test_honest_grants_change_nothing),  # type: ignore[arg-type]
+            weight=0.5,
+        ),
+        Property(
+            "scoped_grants",
+            (st_feedback.granted_nodes(honest=False, max_size=24),),
+            _body(test_feedback.test_grants_are_observe_over_the_scoped_node),  # type: ignore[arg-type]
             weight=0.5,
         ),
         Property("bounded_memory", (_BIG_NODES,), check_bounded_memory),

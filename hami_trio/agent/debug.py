@@ -46,6 +46,7 @@ __all__ = [
     "DebugExtras",
     "DebugLimits",
     "ExportView",
+    "FeedbackView",
     "KeyView",
     "MonitorSummary",
     "PodWatchSummary",
@@ -157,6 +158,25 @@ class ExportView(Protocol):
     def reason(self) -> str: ...
 
 
+class FeedbackView(Protocol):
+    """How the feedback counted a container in the latest tick (the monitor's ``Claim``)."""
+
+    @property
+    def scoped(self) -> bool: ...
+    @property
+    def devices(self) -> Sequence[str] | None: ...
+    @property
+    def counted(self) -> Sequence[str]: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def file_priority(self) -> int: ...
+    @property
+    def strays(self) -> Sequence[str]: ...
+    @property
+    def stray_reasons(self) -> Sequence[str]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class DebugExtras:
     """What other parts of the agent add to each container; None: not available (``null``).
@@ -172,12 +192,15 @@ class DebugExtras:
         allocation: ``(pod, container name)`` -> the devices the scheduler allocated (in
             ``vdevice`` order), or None (no allocation, or the annotation was refused).
         export: ``(container, pod or None)`` -> whether its rows are exported and why.
+        feedback: ``(key, snapshot)`` -> how the feedback counted the loaded container: its
+            pod's GPUs and priority, or its file alone, and what the file claims beyond.
     """
 
     process_state: Callable[[Any, int], ProcessState | None] | None = None
     blocking: Callable[[Any], BlockingView | None] | None = None
     allocation: Callable[[PodInfo, str], Sequence[AllocatedView] | None] | None = None
     export: Callable[[Any, PodInfo | None], ExportView | None] | None = None
+    feedback: Callable[[Any, UsageSnapshot], FeedbackView | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,6 +389,29 @@ def _allocated(
     }
 
 
+def _feedback(
+    key: Any, snapshot: UsageSnapshot | None, extras: DebugExtras, limit: int
+) -> dict[str, Any] | None:
+    if extras.feedback is None or snapshot is None:
+        return None
+    view = extras.feedback(key, snapshot)
+    if view is None:
+        return None
+
+    def uuids(values: Sequence[str]) -> list[str]:
+        return [_text(value, 128) for value in values[:limit]]
+
+    return {
+        "scoped": view.scoped,
+        "devices": None if view.devices is None else uuids(view.devices),
+        "counted": uuids(view.counted),
+        "priority": view.priority,
+        "file_priority": view.file_priority,
+        "strays": uuids(view.strays),
+        "stray_reasons": list(view.stray_reasons),
+    }
+
+
 def container_entry(
     state: ContainerView,
     pod: PodInfo | None,
@@ -433,6 +479,7 @@ def container_entry(
         "blocked_seconds": None if blocking is None else blocking.seconds,
         "blocks": None if blocking is None else blocking.blocks,
         "allocated": _allocated(pod, key.container_name, extras, limits.allocated),
+        "feedback": _feedback(key, snapshot, extras, limits.allocated),
     }
     export = None if extras.export is None else extras.export(state, pod)
     entry["export"] = {

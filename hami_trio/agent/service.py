@@ -45,6 +45,7 @@ from hami_trio.agent.debug import (
     part,
     render,
 )
+from hami_trio.agent.grants import pod_grants
 from hami_trio.broker.server import BrokerHandle
 from hami_trio.errors import AgentError, HamiTrioError
 from hami_trio.goparse import BindAddress
@@ -424,7 +425,14 @@ class _Agent:
             self.checks["pod-watch"] = lambda: watch.ready
         else:
             self.pod_source = StaticPodSource()
-        monitor = Monitor(config.monitor, pod_source=self.pod_source, registry=registry)
+        monitor = Monitor(
+            config.monitor,
+            pod_source=self.pod_source,
+            registry=registry,
+            # With Kubernetes, what a pod's annotation and spec give each container is what
+            # the feedback counts it with, not what its .cache file claims.
+            grants=None if config.kubernetes is None else pod_grants,
+        )
         self.monitor = monitor
         process_state, blocking = insight_extras(
             monitor.insights, wall_offset=time.time() - trio.current_time()
@@ -438,6 +446,7 @@ class _Agent:
                 kubernetes=config.kubernetes is not None,
                 paused=lambda: monitor.paused,
             ),
+            feedback=monitor.claim,
         )
         sampler = HostGpuSampler(nvml)
         vgpu = VGpuCollector(

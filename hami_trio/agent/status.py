@@ -211,6 +211,7 @@ def _why(entry: Mapping[str, Any]) -> list[str]:
         "reason"
     ):
         lines.append(f"export: {export['reason']}")
+    lines += _stray_claims(entry.get("feedback"))
     unknown = (entry.get("process_states") or {}).get("unknown")
     if isinstance(unknown, int) and unknown:
         lines.append(
@@ -222,6 +223,27 @@ def _why(entry: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"{exited} process(es) exited but still hold their slot: upstream's sums keep "
             "their memory (see --exclude-exited-processes)"
+        )
+    return lines
+
+
+def _stray_claims(feedback: Any) -> list[str]:
+    """Why the feedback does not count a container as its file says (its pod says more)."""
+    if not isinstance(feedback, Mapping):
+        return []
+    reasons = feedback.get("stray_reasons") or ()
+    lines = []
+    if "uuid" in reasons:
+        claimed = ", ".join(map(str, feedback.get("strays") or ()))
+        allocated = ", ".join(map(str, feedback.get("devices") or ())) or "(none)"
+        lines.append(
+            f"feedback: the .cache file claims GPU {claimed} that the pod's allocation does "
+            f"not list; counted only on its allocated {allocated}"
+        )
+    if "priority" in reasons:
+        lines.append(
+            f"feedback: the .cache file says priority {feedback.get('file_priority')}, the pod "
+            f"spec {feedback.get('priority')}; the pod's priority counts"
         )
     return lines
 

@@ -8,17 +8,24 @@ blocked (``recent_kernel = -1``), and released (0) when it no longer is; the
 ``utilization_switch`` is 1 when blocked or when its own priority is counted twice on a UUID.
 Unlike upstream, memory is bounded by the input, only final changed values are written, and
 the output order is the input order.  No I/O here.  The rules: docs/monitor.md (Feedback).
+
+What a container's pod says can be an input too (a :class:`Grant` per container, from the
+pod's ``hami.io/vgpu-devices-allocated`` entry and its spec's ``CUDA_TASK_PRIORITY``): the
+region is then read through :func:`scoped` - the pod's priority instead of the file's, and
+the UUIDs of the file only while all of them are allocated, else the allocated ones.  A
+container without a grant is read as upstream reads it, and so is one whose grant agrees
+with its file: where files are honest the decisions are upstream's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from hami_trio.monitor.layout import ControlField
 
-__all__ = ["Activity", "Observable", "Observed", "Write", "observe"]
+__all__ = ["Activity", "Grant", "Observable", "Observed", "Write", "observe", "scoped", "strays"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -56,6 +63,57 @@ class Observed:
     recent_kernel: int
     utilization_switch: int
     device_keys: Sequence[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What a container's pod gives it, for the feedback (the agent reads it from Kubernetes).
+
+    Attributes:
+        devices: the 96-byte slot values of the UUIDs its allocation entry lists, in vdevice
+            order (a UUID as HAMi-core writes it: UTF-8, NUL-padded); None: not known (every
+            UUID of the file counts, as upstream).
+        priority: the ``CUDA_TASK_PRIORITY`` its pod spec sets; None: the spec does not say
+            (the file's counts, as upstream).
+    """
+
+    devices: tuple[bytes, ...] | None = None
+    priority: int | None = None
+    allowed: frozenset[bytes] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "allowed", frozenset(self.devices or ()))
+
+
+def strays(container: Observable, grant: Grant | None) -> tuple[bytes, ...]:
+    """The UUID slot values ``container`` claims that ``grant`` does not list (each once, in
+    slot order); () without a grant or without devices in it."""
+    if grant is None or grant.devices is None:
+        return ()
+    keys = container.device_keys
+    allowed = grant.allowed
+    if allowed.issuperset(keys):
+        return ()
+    return tuple(dict.fromkeys(key for key in keys if key not in allowed))
+
+
+def scoped(container: Observable, grant: Grant | None) -> Observable:
+    """``container`` as the feedback counts it under ``grant``.
+
+    The grant's priority replaces the file's; the file's UUID slots count while every one of
+    them is allocated (a subset is a container using fewer of its devices), else - the file
+    claims a GPU the pod was not given - the allocated UUIDs count instead, each once.  The
+    container itself is returned when the grant changes nothing (no grant, or an honest file).
+    """
+    if grant is None:
+        return container
+    keys = container.device_keys
+    if grant.devices is not None and not grant.allowed.issuperset(keys):
+        keys = tuple(dict.fromkeys(grant.devices))
+    priority = container.priority if grant.priority is None else grant.priority
+    if keys is container.device_keys and priority == container.priority:
+        return container
+    return Observed(priority, container.recent_kernel, container.utilization_switch, keys)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,16 +179,23 @@ _RECENT_KERNEL = ControlField.RECENT_KERNEL
 _UTILIZATION_SWITCH = ControlField.UTILIZATION_SWITCH
 
 
-def observe(containers: Mapping[K, Observable]) -> tuple[Write[K], ...]:
+def observe(
+    containers: Mapping[K, Observable], grants: Mapping[K, Grant] | None = None
+) -> tuple[Write[K], ...]:
     """Decide this tick's control writes (see the module docstring).
 
     Args:
         containers: the loaded containers, in the order their writes should come out.
+        grants: what each container's pod gives it (:func:`scoped`); a container without
+            one, or every container when None, counts as its file says.
 
     Returns:
         The writes, at most two per container (``recent_kernel`` first), only for values that
         change.
     """
+    if grants:
+        get_grant = grants.get
+        containers = {key: scoped(c, get_grant(key)) for key, c in containers.items()}
     # Per UUID only what the decisions need: the most important active priority and whether
     # more than one (container, slot) pair is active at it.  A container is blocked when a
     # lower priority than its own is active on one of its UUIDs, and crowded when its own

@@ -39,6 +39,7 @@ from hami_trio.monitor.insight import ContainerInsight
 from hami_trio.monitor.layout import RejectReason
 from hami_trio.monitor.lister import ContainerKey, ContainerLister, ContainerState
 from hami_trio.monitor.liveness import in_host_pid_namespace, live_pids, pid_alive
+from hami_trio.monitor.scope import Claim, FeedbackScope, GrantsOf
 from hami_trio.monitor.snapshot import UsageSnapshot
 from hami_trio.monitor.watch import WATCH_FALLBACKS
 from hami_trio.pods.source import PodSource
@@ -536,6 +537,8 @@ class Monitor:
         pod_source: the live pods (Kubernetes watch, or ``StaticPodSource``).
         registry: where the self-metrics go (a private registry if None).
         wall_clock: Unix time for directory ages (tests inject one).
+        grants: what each pod gives its containers, for the feedback
+            (:mod:`hami_trio.monitor.scope`); None: the files alone count, as upstream.
     """
 
     def __init__(
@@ -545,11 +548,14 @@ class Monitor:
         pod_source: PodSource,
         registry: CollectorRegistry | None = None,
         wall_clock: Callable[[], float] = time.time,
+        grants: GrantsOf | None = None,
     ) -> None:
         self._config = config
         self._wall_clock = wall_clock
         self._last_tick_time: float | None = None
-        self._metrics = _SelfMetrics(registry if registry is not None else CollectorRegistry())
+        registry = registry if registry is not None else CollectorRegistry()
+        self._metrics = _SelfMetrics(registry)
+        self._scope = FeedbackScope(pod_source, grants, registry, clock=trio.current_time)
         self._lister = ContainerLister(
             config.containers_dir,
             pod_source,
@@ -595,6 +601,11 @@ class Monitor:
         """The latest completed tick's insight per loaded container: processes by state,
         priority, control words after the tick, blocking counters (immutable)."""
         return self._explainer.insights()
+
+    def claim(self, key: ContainerKey, snapshot: UsageSnapshot) -> Claim:
+        """How the latest tick's feedback counted this container: whose GPUs, whose
+        priority, what its file claims beyond its pod's grant (``snapshot``: that tick's)."""
+        return self._scope.claim(key, snapshot)
 
     @property
     def checks_liveness(self) -> bool:
@@ -699,7 +710,8 @@ class Monitor:
         snapshots: dict[ContainerKey, UsageSnapshot] = {
             key: state.snapshot for key, state in view.items() if state.snapshot is not None
         }
-        writes = observe(snapshots)
+        # With Kubernetes: the grants of the files that claim more than their pods give them.
+        writes = observe(snapshots, self._scope.update(snapshots))
         self._check_foreign(snapshots)
         written = 0
         applied: list[Write[ContainerKey]] = []  # the batches written, for the insights

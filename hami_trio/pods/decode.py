@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
+from hami_trio.pods.priority import spec_priorities
 from hami_trio.pods.source import PodInfo
 
 __all__ = [
@@ -115,8 +116,10 @@ def pod_info_from_object(
 
     Returns:
         The pod's UID, namespace, name, container and init container names, annotations,
-        labels and ``status.phase`` (cut to :data:`MAX_PHASE_CHARS`).  Malformed entries (a
-        container without a string name, a non-string label) are left out; a field of the
+        labels, ``status.phase`` (cut to :data:`MAX_PHASE_CHARS`) and the priority each
+        container's spec sets (:func:`~hami_trio.pods.priority.spec_priorities`).
+        Malformed entries (a container without a string name, a non-string label) are left
+        out; a field of the
         wrong type reads as empty; lone surrogates in any string become U+FFFD (see
         :func:`_text`).  Only a missing UID fails: without it the pod cannot be named, and no
         container directory can belong to it.
@@ -143,6 +146,7 @@ def pod_info_from_object(
         annotations=_str_map(meta.get("annotations"), annotation_prefixes),
         labels=_str_map(meta.get("labels"), None),
         phase=_text(phase[:MAX_PHASE_CHARS]) if isinstance(phase, str) else "",
+        priorities=spec_priorities(spec),
     )
 
 

@@ -22,6 +22,9 @@ from typing import Protocol
 __all__ = ["PodInfo", "PodSource", "StaticPodSource"]
 
 
+_NO_PRIORITIES: Mapping[str, int] = MappingProxyType({})
+
+
 def _frozen(mapping: Mapping[str, str] | None) -> Mapping[str, str]:
     return MappingProxyType(dict(mapping or {}))
 
@@ -40,11 +43,19 @@ class PodInfo:
     #: ``status.phase`` (``Pending``, ``Running``, ``Succeeded``, ``Failed``, ``Unknown``);
     #: ``""`` when unknown (no Kubernetes, or the API left it out).
     phase: str = ""
+    #: Container name -> the ``CUDA_TASK_PRIORITY`` its spec sets (``env``, else the priority
+    #: resource; :mod:`hami_trio.pods.priority`), only for containers whose spec sets one.
+    priorities: Mapping[str, int] = field(default_factory=lambda: _NO_PRIORITIES)
 
     def __post_init__(self) -> None:
         # Copy caller-owned dicts so a later mutation cannot change a published PodInfo.
         object.__setattr__(self, "annotations", _frozen(self.annotations))
         object.__setattr__(self, "labels", _frozen(self.labels))
+        if self.priorities is not _NO_PRIORITIES:  # most pods set none: share one
+            priorities = dict(self.priorities)
+            object.__setattr__(
+                self, "priorities", MappingProxyType(priorities) if priorities else _NO_PRIORITIES
+            )
 
 
 class PodSource(Protocol):

@@ -30,6 +30,7 @@ from hami_trio.agent.debug import (
 )
 from hami_trio.monitor.layout import Format, RejectReason
 from hami_trio.monitor.lister import ContainerKey, ContainerState, ContainerStatus, Rejection
+from hami_trio.monitor.scope import Claim
 from hami_trio.monitor.snapshot import UsageSnapshot, parse_region
 from hami_trio.pods.source import PodInfo, StaticPodSource
 from hami_trio.testing.regions import MemoryUse, ProcSlot, RegionSpec, UtilUse, build_region
@@ -137,6 +138,7 @@ def test_a_loaded_container_shows_what_its_file_says() -> None:
         "blocked_seconds": None,
         "blocks": None,
         "allocated": None,
+        "feedback": None,
         "export": {"state": None, "reason": None},
     }
 
@@ -391,3 +393,37 @@ def test_any_tick_gives_a_valid_bounded_document_that_says_what_the_files_say(
         assert entry["processes_total"] == len(snapshot.host_pids)
         assert entry["processes_truncated"] == (len(snapshot.host_pids) > 8)
         assert entry["process_states"]["unknown"] == snapshot.host_pids.count(0)
+
+
+def test_the_feedback_entry_says_whose_gpus_and_priority_counted() -> None:
+    seen: list[Any] = []
+
+    def feedback(key: Any, snap: UsageSnapshot) -> Claim:
+        seen.append((key.dirname, snap.priority))
+        strays = tuple(f"GPU-\\u202e{i}" for i in range(40))  # escaped already; capped here
+        return Claim(True, ("GPU-A",), ("GPU-A",), 1, 0, strays, ("uuid", "priority"))
+
+    extras = DebugExtras(feedback=feedback)
+    state = loaded("uid-1", "main", two_gpus())
+    entry = container_entry(state, POD, pods=K8S, paused=False, extras=extras)
+    assert entry["feedback"] == {
+        "scoped": True,
+        "devices": ["GPU-A"],
+        "counted": ["GPU-A"],
+        "priority": 1,
+        "file_priority": 0,
+        "strays": [f"GPU-\\u202e{i}" for i in range(DebugLimits().allocated)],
+        "stray_reasons": ["uuid", "priority"],
+    }
+    assert seen == [("uid-1_main", 0)]
+    # Not loaded: no snapshot, nothing counted, the extra is not asked.
+    missing = ContainerState(
+        ContainerKey("uid-1", "x"),
+        f"{ROOT}/uid-1_x",
+        None,
+        ContainerStatus.NO_CACHE_FILE,
+        None,
+        None,
+    )
+    assert container_entry(missing, POD, pods=K8S, paused=False, extras=extras)["feedback"] is None
+    assert len(seen) == 1

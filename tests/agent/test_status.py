@@ -19,6 +19,7 @@ from hami_trio.agent.debug import (
 from hami_trio.agent.status import format_status, status_address
 from hami_trio.errors import ConfigError
 from hami_trio.goparse import BindAddress
+from hami_trio.monitor.scope import Claim
 from hami_trio.pods.source import StaticPodSource
 from tests.agent.test_debug import (
     GPU_A,
@@ -146,6 +147,35 @@ def test_tenant_text_cannot_drive_the_terminal_or_break_the_document() -> None:
     header, row = text.partition("\n\n")[2].splitlines()[:2]
     assert row.startswith("? stray_evil\\x1b[2J\\nx\\udcff ")  # one line, escaped
     assert row.index(" v1 ") + 1 == header.index("FORMAT")  # aligned after escaping
+
+
+def test_a_stray_claim_says_what_counted_instead() -> None:
+    claim = Claim(True, ("GPU-A",), ("GPU-A",), 1, 0, ("GPU-B",), ("uuid", "priority"))
+    honest = Claim(True, ("GPU-A",), ("GPU-A",), 1, 1, (), ())
+    doc = debug_state(
+        {state.key: state for state in [loaded("uid-1", "main", two_gpus())]},
+        StaticPodSource([POD]),
+        now=0.0,
+        node_name="node-a",
+        version="9.9",
+        monitor=MONITOR,
+        pods=PodWatchSummary("kubernetes", True, True, node_name="node-a"),
+        broker=None,
+        extras=DebugExtras(feedback=lambda key, snapshot: claim),
+    )
+    lines = [line.strip() for line in format_status(doc).splitlines()]
+    assert (
+        "feedback: the .cache file claims GPU GPU-B that the pod's allocation does not list; "
+        "counted only on its allocated GPU-A"
+    ) in lines
+    assert (
+        "feedback: the .cache file says priority 0, the pod spec 1; the pod's priority counts"
+        in lines
+    )
+    doc["containers"][0]["feedback"] = json.loads(
+        render({"f": {"stray_reasons": list(honest.stray_reasons)}})
+    )["f"]
+    assert not any(line.startswith("feedback:") for line in format_status(doc).splitlines())
 
 
 def test_a_foreign_writer_gets_a_line_that_says_what_to_do() -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hami_trio.monitor.feedback import Activity, Observed, Write, observe
+from hami_trio.monitor.feedback import Activity, Grant, Observed, Write, observe, scoped, strays
 from hami_trio.monitor.layout import ControlField
 from hami_trio.monitor.snapshot import parse_region
 from hami_trio.testing.regions import RegionSpec, build_region
@@ -382,3 +382,181 @@ def test_activity_agrees_with_the_counting_reference(containers: dict[str, Obser
             activity.blocks(c.priority, c.device_keys)
             or any(counts.get(raw, {}).get(c.priority, 0) > 1 for raw in c.device_keys)
         )
+
+
+# -- pod grants: whose GPUs, whose priority -------------------------------------------------
+
+
+def grant(gpus: Sequence[str] | None, priority: int | None = None) -> Grant:
+    return Grant(None if gpus is None else tuple(gpu(g) for g in gpus), priority)
+
+
+# (name, node, grants, the node as the pods tell it, or None where the files are honest).
+# Honest rows must give exactly upstream's decisions; lying rows must give upstream's
+# decisions on the truthful node (what HAMi would decide if every file told the truth).
+GRANT_TABLE: list[
+    tuple[
+        str,
+        dict[str, Observed],
+        dict[str, Grant],
+        dict[str, Observed] | None,
+    ]
+] = [
+    (
+        "honest: the files say what the pods say",
+        node(hi=(0, 2, 0, ["A"]), lo=(1, 2, 0, ["A"])),
+        {"hi": grant(["A"], 0), "lo": grant(["A"], 1)},
+        None,
+    ),
+    (
+        "honest: a container using one of its two GPUs",
+        node(hi=(0, 2, 0, ["A"]), lo=(1, 2, 0, ["B"])),
+        {"hi": grant(["A", "B"], 0), "lo": grant(["B"])},
+        None,
+    ),
+    (
+        "honest: no grant (no annotation) and a grant without a priority",
+        node(hi=(0, 2, 0, ["A"]), lo=(1, 2, 0, ["A"]), other=(2, 2, 0, ["B"])),
+        {"lo": grant(["A"])},
+        None,
+    ),
+    (
+        "honest: issue 132 with grants",
+        node(hi=(0, 2, 0, ["B"]), lo=(3, 2, 0, ["A", "B"])),
+        {"hi": grant(["B"], 0), "lo": grant(["A", "B"], 3)},
+        None,
+    ),
+    (
+        "lying: allocated A, claims B at priority 0 (the attack)",
+        node(attacker=(0, 2, 0, ["B"]), victim=(1, 2, 0, ["B"])),
+        {"attacker": grant(["A"]), "victim": grant(["B"], 1)},
+        node(attacker=(0, 2, 0, ["A"]), victim=(1, 2, 0, ["B"])),
+    ),
+    (
+        "lying: claims A and B, allocated A only",
+        node(attacker=(0, 2, 0, ["A", "B"]), victim=(1, 2, 0, ["B"])),
+        {"attacker": grant(["A"])},
+        node(attacker=(0, 2, 0, ["A"]), victim=(1, 2, 0, ["B"])),
+    ),
+    (
+        "lying: priority 0 in the file, the pod spec says 1",
+        node(attacker=(0, 2, 0, ["A"]), victim=(1, 2, 0, ["A"])),
+        {"attacker": grant(["A"], 1), "victim": grant(["A"], 1)},
+        node(attacker=(1, 2, 0, ["A"]), victim=(1, 2, 0, ["A"])),
+    ),
+    (
+        "lying: a low priority in the file to escape the pod spec's 0 (still counts 0)",
+        node(important=(9, 2, 0, ["A"]), other=(1, 2, 0, ["A"])),
+        {"important": grant(["A"], 0)},
+        node(important=(0, 2, 0, ["A"]), other=(1, 2, 0, ["A"])),
+    ),
+    (
+        "lying: claims a GPU to dodge a block; counted on its allocated A, blocked there",
+        node(hi=(0, 2, 0, ["A"]), lo=(1, 2, 0, ["Z"])),
+        {"hi": grant(["A"], 0), "lo": grant(["A"], 1)},
+        node(hi=(0, 2, 0, ["A"]), lo=(1, 2, 0, ["A"])),
+    ),
+    (
+        "lying: an annotated pod gave it nothing: it counts nowhere",
+        node(attacker=(0, 2, 0, ["A"]), victim=(1, 2, 0, ["A"])),
+        {"attacker": grant([])},
+        node(attacker=(0, 2, 0, []), victim=(1, 2, 0, ["A"])),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("containers", "grants", "truth"),
+    [pytest.param(c, g, t, id=name) for name, c, g, t in GRANT_TABLE],
+)
+def test_grants_give_upstreams_decisions_on_what_the_pods_say(
+    containers: dict[str, Observed],
+    grants: dict[str, Grant],
+    truth: dict[str, Observed] | None,
+) -> None:
+    after = final(containers, observe(containers, grants))
+    got = {k: (c.recent_kernel, c.utilization_switch) for k, c in after.items()}
+    if truth is None:  # honest: exactly upstream's, and the same writes as without grants
+        assert got == upstream_reference(containers)
+        assert observe(containers, grants) == observe(containers)
+        assert all(strays(containers[k], g) == () for k, g in grants.items())
+    else:
+        assert got == upstream_reference(truth)
+        assert got != upstream_reference(containers)  # upstream obeys the lie
+
+
+def test_the_attack_blocks_the_victim_without_grants_and_not_with_them() -> None:
+    containers = node(attacker=(0, 2, 0, ["B"]), victim=(1, 2, 0, ["B"]))
+    grants = {"attacker": grant(["A"]), "victim": grant(["B"], 1)}
+    assert Write("victim", RK, -1) in observe(containers)  # upstream, and no Kubernetes
+    assert final(containers, observe(containers, grants))["victim"].recent_kernel == 1
+    assert strays(containers["attacker"], grants["attacker"]) == (gpu("B"),)
+
+
+def test_scoped_returns_the_container_itself_when_the_grant_changes_nothing() -> None:
+    c = Observed(1, 2, 0, (gpu("A"),))
+    assert scoped(c, None) is c
+    assert scoped(c, grant(["A", "B"], 1)) is c
+    assert scoped(c, grant(None)) is c
+    assert scoped(c, grant(["B"], 0)) == Observed(0, 2, 0, (gpu("B"),))
+    # A duplicated stray slot does not count twice on the allocation.
+    assert scoped(Observed(1, 2, 0, (gpu("Z"), gpu("Z"))), grant(["A", "A"])).device_keys == (
+        gpu("A"),
+    )
+    # Junk after the NUL is not the allocated UUID (HAMi-core pads with NULs).
+    junk = gpu("A")[:10] + b"junk" + bytes(82)
+    assert strays(Observed(1, 2, 0, (junk,)), grant(["A"])) == (junk,)
+
+
+@given(st_feedback.granted_nodes(honest=True))
+def test_honest_grants_change_nothing(
+    node_grants: tuple[dict[str, Observed], dict[str, Grant]],
+) -> None:
+    containers, grants = node_grants
+    assert observe(containers, grants) == observe(containers)
+
+
+@given(st_feedback.granted_nodes(honest=False, max_size=12))
+def test_grants_are_observe_over_the_scoped_node(
+    node_grants: tuple[dict[str, Observed], dict[str, Grant]],
+) -> None:
+    containers, grants = node_grants
+    truth = {k: scoped(c, grants.get(k)) for k, c in containers.items()}
+    writes = observe(containers, grants)
+    assert writes == observe(truth)
+    assert writes == counting_reference(truth)
+    # A container with a grant counts only on its allocated UUIDs, with the pod's priority.
+    for key, g in grants.items():
+        view = truth[key]
+        if g.devices is not None:
+            assert set(view.device_keys) <= set(g.devices)
+        if g.priority is not None:
+            assert view.priority == g.priority
+
+
+@given(st_feedback.granted_nodes(honest=False, max_size=12))
+def test_nobody_is_blocked_by_a_container_whose_pod_gave_it_none_of_their_gpus(
+    node_grants: tuple[dict[str, Observed], dict[str, Grant]],
+) -> None:
+    containers, grants = node_grants
+    # Every container has a grant listing devices: then only allocations meet.
+    grants = {k: grants.get(k) or Grant(devices=()) for k in containers}
+    grants = {k: g if g.devices is not None else Grant((), g.priority) for k, g in grants.items()}
+    after = final(containers, observe(containers, grants))
+
+    def priority(key: str) -> int:
+        p = grants[key].priority
+        return containers[key].priority if p is None else p
+
+    for name in containers:
+        if after[name].recent_kernel >= 0:
+            continue
+        mine = set(grants[name].devices or ())
+        blockers = [
+            other
+            for other, o in containers.items()
+            if o.recent_kernel > 1
+            and mine & set(grants[other].devices or ())
+            and 0 <= priority(other) < priority(name)
+        ]
+        assert blockers, f"{name} blocked by no container sharing one of its allocated GPUs"

@@ -19,6 +19,7 @@ import trio
 from prometheus_client import CollectorRegistry
 from trio.testing import MockClock
 
+from hami_trio.agent.grants import pod_grants
 from hami_trio.monitor import loop as loop_module
 from hami_trio.monitor.feedback import Write
 from hami_trio.monitor.layout import ControlField
@@ -29,6 +30,7 @@ from hami_trio.monitor.loop import (
     prepare_mig_lock_dir,
     serve_monitor,
 )
+from hami_trio.pods.allocated import ALLOCATED_ANNOTATION
 from hami_trio.pods.source import PodInfo, StaticPodSource
 from hami_trio.testing.regions import RegionSpec, SimulatedWorkload, write_region
 from tests.sandbox import NOBODY, run_in_child, world_readable_dir
@@ -627,3 +629,97 @@ async def test_one_monitor_alone_never_sees_a_foreign_writer(
         assert not monitor.foreign_writer
         monitor.request_stop()
     assert registry.get_sample_value("hami_trio_monitor_foreign_writes_total") == 0
+
+
+# -- pod grants ----------------------------------------------------------------------------
+
+
+def granted_pods() -> StaticPodSource:
+    """attacker allocated GPU-A, victim GPU-B (both with priority 1 in their specs)."""
+    return StaticPodSource(
+        [
+            PodInfo(
+                name,
+                f"ns-{name}",
+                name,
+                containers=("c",),
+                annotations={ALLOCATED_ANNOTATION: f"{gpu},NVIDIA,1024,0:;"},
+                priorities={"c": 1},
+            )
+            for name, gpu in (("attacker", "GPU-A"), ("victim", "GPU-B"))
+        ]
+    )
+
+
+def attack(hook: Path) -> tuple[SimulatedWorkload, SimulatedWorkload]:
+    """The attacker's file claims the victim's GPU-B at priority 0; both are launching."""
+    attacker = add_region(hook, "attacker_c", uuids=["GPU-B"], priority=0, recent_kernel=2)
+    victim = add_region(hook, "victim_c", uuids=["GPU-B"], priority=1, recent_kernel=2)
+    return attacker, victim
+
+
+def add_region(hook: Path, name: str, **spec: object) -> SimulatedWorkload:
+    directory = hook / "containers" / name
+    directory.mkdir()
+    path = directory / "x.cache"
+    write_region(path, RegionSpec(**spec))  # type: ignore[arg-type]
+    return SimulatedWorkload(path)
+
+
+async def test_with_grants_a_file_cannot_block_a_gpu_its_pod_was_not_given(
+    autojump_clock: MockClock, hook: Path
+) -> None:
+    attacker, victim = attack(hook)
+    registry = CollectorRegistry()
+    monitor = Monitor(config(hook), pod_source=granted_pods(), registry=registry, grants=pod_grants)
+    try:
+        await monitor.tick()
+    finally:
+        monitor.close()
+    assert victim.read_control() == (1, 0)  # not blocked
+    assert attacker.read_control() == (1, 0)  # counted alone on its GPU-A
+    reason = {"reason": "uuid"}
+    assert registry.get_sample_value("hami_trio_monitor_stray_claim_containers", reason) == 1
+    assert registry.get_sample_value("hami_trio_monitor_stray_claims_total", reason) == 1
+    # The file says 0, the spec 1: a stray priority as well.
+    assert (
+        registry.get_sample_value("hami_trio_monitor_stray_claims_total", {"reason": "priority"})
+        == 1
+    )
+    key = ContainerKey("attacker", "c")
+    snapshot = monitor.containers()[key].snapshot
+    assert snapshot is not None
+    claim = monitor.claim(key, snapshot)
+    assert (claim.scoped, claim.devices, claim.counted, claim.strays) == (
+        True,
+        ("GPU-A",),
+        ("GPU-A",),
+        ("GPU-B",),
+    )
+    assert (claim.priority, claim.file_priority, claim.stray_reasons) == (
+        1,
+        0,
+        ("uuid", "priority"),
+    )
+
+
+async def test_without_grants_the_files_count_alone_as_upstream(
+    autojump_clock: MockClock, hook: Path
+) -> None:
+    """No Kubernetes (the agent passes no grants): upstream's behaviour, the lie obeyed."""
+    _, victim = attack(hook)
+    registry = CollectorRegistry()
+    monitor = Monitor(config(hook), pod_source=granted_pods(), registry=registry)
+    try:
+        await monitor.tick()
+    finally:
+        monitor.close()
+    assert victim.read_control() == (-1, 1)
+    assert (
+        registry.get_sample_value("hami_trio_monitor_stray_claim_containers", {"reason": "uuid"})
+        == 0
+    )
+    key = ContainerKey("attacker", "c")
+    snapshot = monitor.containers()[key].snapshot
+    assert snapshot is not None
+    assert monitor.claim(key, snapshot).scoped is False

@@ -1,0 +1,279 @@
+"""What each container's pod gives it, for the feedback; and the files that claim more.
+
+How this works: with Kubernetes the agent hands the monitor ``grants_of(pod)`` - container
+name -> :class:`~hami_trio.monitor.feedback.Grant`, from the pod's
+``hami.io/vgpu-devices-allocated`` entry and the priority its spec sets; None for a pod
+without a usable allocation annotation.  Every tick :meth:`FeedbackScope.grants` looks up the
+pod of each loaded container in the ``PodSource`` and returns their grants; a pod's grants
+are computed once per ``PodInfo``
+object (the watch publishes a new one per change), and only for pods with loaded containers.
+A container of an annotated pod that its entry gives nothing gets an empty grant: it is
+counted on no GPU.  Without Kubernetes (no ``grants_of``), or for a pod that is unknown or
+has no annotation, there is no grant: the file counts alone, as upstream.
+
+:meth:`FeedbackScope.note` then compares every file with its grant and returns the grants
+that change something for :func:`~hami_trio.monitor.feedback.observe` (a grant that agrees
+with its file changes no write; :meth:`FeedbackScope.update` does both).  A file that claims a
+GPU UUID its allocation does not list (reason ``uuid``) or a priority other than the one its
+pod spec sets (reason ``priority``) makes a *stray claim*: the feedback counts the container
+as its pod says (:func:`~hami_trio.monitor.feedback.scoped`),
+``hami_trio_monitor_stray_claim_containers`` counts the containers doing so,
+``hami_trio_monitor_stray_claims_total`` the times one started, one warning names the
+container (at most one per container and reason per ten minutes), and
+:meth:`FeedbackScope.claim` says it in the debug view.  docs/monitor.md (Feedback: whose
+GPUs, whose priority).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final, Literal, get_args
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from hami_trio.logs import RateLimiter
+from hami_trio.monitor.feedback import Grant, Observable, scoped, strays
+from hami_trio.monitor.lister import ContainerKey
+from hami_trio.pods.source import PodInfo, PodSource
+
+__all__ = [
+    "STRAY_REASONS",
+    "Claim",
+    "FeedbackScope",
+    "GrantsOf",
+    "StrayReason",
+    "uuid_text",
+]
+
+logger = logging.getLogger("hami_trio.monitor.loop")
+
+#: What the agent passes in: a pod -> its containers' grants (None: no usable allocation).
+GrantsOf = Callable[[PodInfo], Mapping[str, Grant] | None]
+#: Why a file's claim is not counted as it stands (the ``reason`` label).
+StrayReason = Literal["uuid", "priority"]
+STRAY_REASONS: tuple[StrayReason, ...] = get_args(StrayReason)
+
+#: The grant of a container that an annotated pod's allocation gives nothing.
+_NOTHING: Final = Grant(devices=())
+#: Seconds between two warnings about one container and reason.
+_LOG_INTERVAL: Final = 600.0
+_SHOWN_UUIDS: Final = 4
+
+
+def uuid_text(raw: bytes) -> str:
+    """A UUID slot value for people: the bytes before the trailing NULs, printable ASCII
+    only (anything else - a NUL inside, a control or format character, a byte that is not
+    UTF-8 - escaped as ``\\xNN``, ``\\uNNNN``)."""
+    text = raw.rstrip(b"\0").decode("utf-8", "backslashreplace")
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(c if " " <= c <= "~" else ascii(c)[1:-1] for c in text)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """How the feedback counted one container in the latest tick (the debug view's entry).
+
+    Attributes:
+        scoped: a pod grant applied; False: the file alone counted, as upstream.
+        devices: the UUIDs the pod's allocation gives it (None: not known).
+        counted: the UUIDs it was counted on (one per UUID slot that counts).
+        priority: the priority it was counted with (the pod spec's, else the file's).
+        file_priority: the priority its file says.
+        strays: the UUIDs its file claims that ``devices`` does not list.
+        stray_reasons: why the claim was not counted as it stands (``uuid``, ``priority``).
+    """
+
+    scoped: bool
+    devices: tuple[str, ...] | None
+    counted: tuple[str, ...]
+    priority: int
+    file_priority: int
+    strays: tuple[str, ...]
+    stray_reasons: tuple[StrayReason, ...]
+
+
+def _reasons(container: Observable, grant: Grant) -> tuple[StrayReason, ...]:
+    uuid = grant.devices is not None and not grant.allowed.issuperset(container.device_keys)
+    priority = grant.priority is not None and grant.priority != container.priority
+    if uuid:
+        return ("uuid", "priority") if priority else ("uuid",)
+    return ("priority",) if priority else ()
+
+
+class FeedbackScope:
+    """The grants of the loaded containers and their stray claims (module docstring).
+
+    Args:
+        pods: the monitor's pod source.
+        grants_of: the agent's reading of a pod; None: no grants (without Kubernetes).
+        registry: where ``hami_trio_monitor_stray_claim_containers`` and ``..._claims_total`` go.
+        clock: for the warnings' rate limit (``trio.current_time`` in the monitor).
+    """
+
+    def __init__(
+        self,
+        pods: PodSource,
+        grants_of: GrantsOf | None,
+        registry: CollectorRegistry,
+        *,
+        clock: Callable[[], float],
+    ) -> None:
+        self._pods = pods
+        self._grants_of = grants_of
+        # pod UID -> (the PodInfo, its grants): the pods of the latest tick's containers.
+        self._cache: dict[str, tuple[PodInfo, Mapping[str, Grant] | None]] = {}
+        # Replaced, never changed, once published (the debug view reads it from a thread).
+        self._grants: Mapping[ContainerKey, Grant] = {}
+        self._flagged: dict[ContainerKey, tuple[StrayReason, ...]] = {}
+        self._limiter = RateLimiter(_LOG_INTERVAL, max_keys=4096, clock=clock)
+        self._gauge = Gauge(
+            "hami_trio_monitor_stray_claim_containers",
+            "Containers whose .cache file claims a GPU UUID that their pod's allocation does "
+            "not list (uuid) or a priority other than their pod spec's (priority), as of the "
+            "latest tick; the feedback counts them as their pod says.",
+            ["reason"],
+            registry=registry,
+        )
+        self._started = Counter(
+            "hami_trio_monitor_stray_claims_total",
+            "Times a container's .cache file started claiming what its pod does not give it, "
+            "by reason (uuid, priority).",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in STRAY_REASONS:
+            self._started.labels(reason=reason)
+        self._gauges = [(reason, self._gauge.labels(reason=reason)) for reason in STRAY_REASONS]
+        for _, gauge in self._gauges:
+            gauge.set(0)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether pods give grants at all (False without Kubernetes)."""
+        return self._grants_of is not None
+
+    def grants(self, keys: Iterable[ContainerKey]) -> dict[ContainerKey, Grant]:
+        """The grant of each container of ``keys`` that has one (module docstring)."""
+        grants_of = self._grants_of
+        if grants_of is None:
+            return {}
+        lookup = self._pods.lookup
+        cache = self._cache
+        seen: dict[str, tuple[PodInfo, Mapping[str, Grant] | None] | None] = {}
+        found: dict[ContainerKey, Grant] = {}
+        for key in keys:
+            uid = key.pod_uid
+            if uid in seen:
+                entry = seen[uid]
+            else:
+                pod = lookup(uid)
+                if pod is None:
+                    entry = None
+                else:
+                    entry = cache.get(uid)
+                    if entry is None or entry[0] is not pod:
+                        entry = (pod, grants_of(pod))
+                seen[uid] = entry
+            if entry is not None and entry[1] is not None:
+                found[key] = entry[1].get(key.container_name, _NOTHING)
+        self._cache = {uid: entry for uid, entry in seen.items() if entry is not None}
+        return found
+
+    def update(self, containers: Mapping[ContainerKey, Observable]) -> dict[ContainerKey, Grant]:
+        """One tick: :meth:`grants` of ``containers``, then :meth:`note`.
+
+        Returns:
+            The grants of the stray claims only: what :func:`observe` needs, since a grant
+            that agrees with its file changes nothing (the same writes as all grants).
+        """
+        return self.note(containers, self.grants(containers))
+
+    def note(
+        self, containers: Mapping[ContainerKey, Observable], grants: Mapping[ContainerKey, Grant]
+    ) -> dict[ContainerKey, Grant]:
+        """Publish this tick's grants and count, log and remember its stray claims.
+
+        Returns:
+            The grants of the containers whose files claim more than them.
+        """
+        flagged: dict[ContainerKey, tuple[StrayReason, ...]] = {}
+        changed: dict[ContainerKey, Grant] = {}
+        get = containers.get
+        for key, grant in grants.items():
+            container = get(key)
+            if container is None:
+                continue
+            priority = grant.priority
+            if (grant.devices is None or grant.allowed.issuperset(container.device_keys)) and (
+                priority is None or priority == container.priority
+            ):
+                continue  # the file says what the pod says
+            reasons = _reasons(container, grant)
+            flagged[key] = reasons
+            changed[key] = grant
+            before = self._flagged.get(key, ())
+            for reason in reasons:
+                if reason not in before:
+                    self._started.labels(reason=reason).inc()
+                    self._warn(key, reason, container, grant)
+        for reason, gauge in self._gauges:
+            gauge.set(sum(1 for reasons in flagged.values() if reason in reasons))
+        self._flagged = flagged
+        self._grants = grants
+        return changed
+
+    def _warn(
+        self, key: ContainerKey, reason: StrayReason, container: Observable, grant: Grant
+    ) -> None:
+        if self._limiter.check((key, reason)) is None:
+            return
+        entry = self._cache.get(key.pod_uid)
+        pod = entry[0] if entry is not None else None
+        name = (
+            f"{pod.namespace}/{pod.name}/{key.container_name}" if pod is not None else key.dirname
+        )
+        if reason == "uuid":
+            claimed = [uuid_text(raw) for raw in strays(container, grant)]
+            shown = ", ".join(claimed[:_SHOWN_UUIDS]) + (
+                " ..." if len(claimed) > _SHOWN_UUIDS else ""
+            )
+            allocated = ", ".join(uuid_text(raw) for raw in (grant.devices or ())[:_SHOWN_UUIDS])
+            logger.warning(
+                "container %s: its .cache file claims GPU %s, which its pod's allocation does "
+                "not list; the feedback counts it only on its allocated %s",
+                name,
+                shown,
+                allocated or "(none)",
+                extra={"event": "feedback_stray_claim", "reason": reason, "container": name},
+            )
+        else:
+            logger.warning(
+                "container %s: its .cache file says priority %d, its pod spec %d; the "
+                "feedback counts %d",
+                name,
+                container.priority,
+                grant.priority,
+                grant.priority,
+                extra={"event": "feedback_stray_claim", "reason": reason, "container": name},
+            )
+
+    def claim(self, key: ContainerKey, container: Observable) -> Claim:
+        """How the latest tick counted ``container`` (its snapshot of that tick)."""
+        grant = self._grants.get(key)
+        keys = container.device_keys
+        if grant is None:
+            counted = tuple(uuid_text(raw) for raw in keys)
+            return Claim(False, None, counted, container.priority, container.priority, (), ())
+        view = scoped(container, grant)
+        return Claim(
+            True,
+            None if grant.devices is None else tuple(uuid_text(raw) for raw in grant.devices),
+            tuple(uuid_text(raw) for raw in view.device_keys),
+            view.priority,
+            container.priority,
+            tuple(uuid_text(raw) for raw in strays(container, grant)),
+            _reasons(container, grant),
+        )
