@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 import trio
 
+from hami_trio._text import quote
 from hami_trio.errors import CacheFileRejected
 from hami_trio.logs import RateLimiter
 from hami_trio.monitor.feedback import Write
@@ -748,7 +749,7 @@ class ContainerLister:
                 CacheFileRejected(
                     RejectReason.TOO_MANY_FILES,
                     f"{display_dir}: {len(matching)} files match libvgpu.so*/*.cache "
-                    f"(at most 2): {', '.join(sorted(matching)[:5])}",
+                    f"(at most 2): {', '.join(quote(n) for n in sorted(matching)[:5])}",
                 ),
             )
         caches = [n for n in matching if n.endswith(_CACHE_SUFFIX) and _LIBVGPU not in n]
@@ -757,7 +758,7 @@ class ContainerLister:
             tracked.last_reason = None
             return self._state(tracked, ContainerStatus.NO_CACHE_FILE)
         tracked.cache_name = caches[0]
-        display = os.path.join(display_dir, caches[0])
+        display = f"{display_dir}/{quote(caches[0])}"  # the tenant's name, quoted
         try:
             dir_fd = os.open(
                 dirname,
