@@ -4,22 +4,24 @@ How this works: hami-trio logs one line per event through :mod:`logging`, as tex
 JSON object per line (``--log-format json``).  Tenants can cause events at will, so such call
 sites go through :class:`RateLimiter` (one line per key per interval, counting what it
 suppressed, with a bounded key table).  Tenants also choose many strings in messages, so
-both formatters escape control characters, U+2028/U+2029 and lone surrogates
-(:func:`escape_control`): a text record is always one line, a JSON record one line of valid
-UTF-8 that decodes back to the exact string.  What an operator sees: docs/operations.md
-(Logs).
+both formatters escape control characters, Unicode format characters (bidirectional
+overrides, zero-width characters), U+2028/U+2029 and lone surrogates
+(:func:`~hami_trio._text.escape_control`, re-exported here): a text record is always one
+line, a JSON record one line of valid UTF-8 that decodes back to the exact string.  What an
+operator sees: docs/operations.md (Logs).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Literal, TextIO
+
+from hami_trio._text import escape_control, unsafe_char
 
 __all__ = ["LogFormat", "RateLimiter", "configure_logging", "escape_control"]
 
@@ -27,37 +29,13 @@ LogFormat = Literal["text", "json"]
 
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-# What a reader's line splitting or terminal may act on: C0 controls, DEL and C1 controls,
-# the Unicode line and paragraph separators, and lone surrogates (not encodable as UTF-8).
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
-# In JSON output only these can still appear raw (json.dumps escapes C0 controls itself).
-_UNSAFE_JSON = re.compile("[\x7f-\x9f\u2028\u2029\ud800-\udfff]")
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
-
-def _escape_char(match: re.Match[str]) -> str:
-    char = match.group()
-    named = _NAMED.get(char)
-    if named is not None:
-        return named
+def _escape_json_char(char: str) -> str:
     code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
-def _escape_json_char(match: re.Match[str]) -> str:
-    return f"\\u{ord(match.group()):04x}"
-
-
-def escape_control(text: str) -> str:
-    """``text`` with every character that could break a log line or drive a terminal escaped.
-
-    Newline, carriage return and tab become ``\\n``, ``\\r``, ``\\t``; other C0/C1 controls
-    and DEL ``\\xNN``; U+2028, U+2029 and lone surrogates ``\\uNNNN``.  Everything else is
-    unchanged (a string without such characters is returned as it is).
-    """
-    if _UNSAFE.search(text) is None:
-        return text
-    return _UNSAFE.sub(_escape_char, text)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # JSON writes a code point past U+FFFF as its UTF-16 surrogate pair
+    return f"\\u{0xD800 | code >> 10:04x}\\u{0xDC00 | code & 0x3FF:04x}"
 
 
 class _TextFormatter(logging.Formatter):
@@ -85,10 +63,11 @@ class _JsonFormatter(logging.Formatter):
         if record.exc_info:
             payload["exc"] = self.formatException(record.exc_info)
         text = json.dumps(payload, ensure_ascii=False)
-        # Outside strings JSON is ASCII, so each match is inside a string: escape it there.
-        if _UNSAFE_JSON.search(text) is None:
+        # Outside strings JSON is ASCII, so each unsafe character is inside a string: escape
+        # it there (json.dumps has escaped the C0 controls already).
+        if text.isprintable():
             return text
-        return _UNSAFE_JSON.sub(_escape_json_char, text)
+        return "".join(_escape_json_char(char) if unsafe_char(char) else char for char in text)
 
 
 def configure_logging(

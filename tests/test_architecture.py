@@ -33,6 +33,7 @@ LAYERS: Mapping[str, int] = {
     "goparse": 0,
     "_trio": 0,
     "_lazy": 0,
+    "_text": 0,
     # features
     "broker": 1,
     "monitor": 1,
@@ -89,6 +90,7 @@ DEMO_EXTRA: Mapping[str, str] = {
 PURE_CORES = frozenset(
     {
         "hami_trio.errors",
+        "hami_trio._text",
         "hami_trio.goparse",
         "hami_trio.broker.protocol",
         "hami_trio.monitor.layout",

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hami_trio._text import quote, unsafe_char
 from hami_trio.logs import RateLimiter, configure_logging, escape_control
 
 
@@ -149,8 +150,9 @@ def test_text_log_cannot_be_forged_by_a_cache_file_name(tmp_path: Path) -> None:
     assert b"\r" not in output
     assert b"\x1b" not in output
     (rejection,) = [line for line in lines if b"ignoring its cache file" in line]
-    # The name is there, escaped: visible to the reader, inert for the terminal.
-    assert b"x\\n" + FORGED + b"\\x1b[31mred\\rover\\udcff.cache" in rejection
+    # The name is there, quoted and escaped: visible to the reader, inert for the terminal.
+    assert quote(os.fsdecode(HOSTILE_CACHE_NAME)).encode() in rejection
+    assert b"'x\\n" + FORGED + b"\\x1b[31mred\\rove...'" in rejection  # cut at 80
 
 
 def test_json_log_keeps_a_cache_file_name_inside_one_record(tmp_path: Path) -> None:
@@ -159,8 +161,8 @@ def test_json_log_keeps_a_cache_file_name_inside_one_record(tmp_path: Path) -> N
     assert b"\x1b" not in output
     records = [json.loads(line) for line in output.decode("utf-8").splitlines()]
     (rejection,) = [r for r in records if "ignoring its cache file" in r["msg"]]
-    # The JSON string decodes back to the exact name (the undecodable byte as its escape).
-    assert os.fsdecode(HOSTILE_CACHE_NAME) in rejection["msg"]
+    # The JSON string decodes back to the exact message, the name in it quoted.
+    assert quote(os.fsdecode(HOSTILE_CACHE_NAME)) in rejection["msg"]
 
 
 # Any text, lone surrogates and every control character included.
@@ -168,7 +170,8 @@ _ANY_TEXT = st.lists(
     st.characters()
     | st.characters(min_codepoint=0, max_codepoint=0xA0)
     | st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
-    | st.sampled_from(["\u2028", "\u2029", "\x85", "\x1b[2J", "%", "\\n"]),
+    | st.characters(categories=["Cf"])  # bidirectional overrides, zero-width characters
+    | st.sampled_from(["\u2028", "\u2029", "\x85", "\x1b[2J", "%", "\\n", "\u202e"]),
     max_size=30,
 ).map("".join)
 
@@ -214,6 +217,22 @@ def test_json_record_with_surrogates_is_valid_utf8_and_round_trips() -> None:
     assert record["path"] == name
 
 
+def test_format_characters_are_escaped_in_both_formats() -> None:
+    name = "a\u202eb\u2066c\u200b\ufeff\U000e0041.cache"  # the last one past U+FFFF
+    for fmt in ("text", "json"):
+        stream, raw = _strict_stream()
+        configure_logging(fmt, "info", stream)  # type: ignore[arg-type]
+        logging.getLogger("hami_trio.test").warning("cannot open %s", name)
+        stream.flush()
+        (line,) = raw.getvalue().decode("utf-8").splitlines()
+        assert line.isascii(), line
+        if fmt == "json":
+            assert json.loads(line)["msg"] == f"cannot open {name}"  # exact, surrogate pair
+            assert "\\udb40\\udc41" in line
+        else:
+            assert line.endswith("cannot open a\\u202eb\\u2066c\\u200b\\ufeff\\U000e0041.cache")
+
+
 @given(_ANY_TEXT, _ANY_TEXT)
 def test_any_message_is_one_line_in_both_formats(message: str, arg: str) -> None:
     # Tenant strings reach a record as arguments (call sites never format them into ``msg``).
@@ -225,6 +244,7 @@ def test_any_message_is_one_line_in_both_formats(message: str, arg: str) -> None
         output = raw.getvalue().decode("utf-8")
         assert output.endswith("\n")
         (line,) = output.splitlines()  # str.splitlines splits on every line boundary
+        assert not any(unsafe_char(char) for char in line)  # no format character either
         if fmt == "json":
             # Exact, except that JSON cannot tell a high then low lone surrogate from a pair.
             assert json.loads(line)["msg"] == json.loads(json.dumps(f"{message} {arg}"))

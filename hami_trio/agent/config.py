@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import resource
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,7 +28,13 @@ from typing import Any, Final, Literal
 
 from hami_trio.allocation.constants import LOCK_PARENT
 from hami_trio.broker.boundary import DEFAULT_LOCK_PATH, DEFAULT_SOCKET_PATH
-from hami_trio.broker.server import DEFAULT_EXCHANGE_DEADLINE, DEFAULT_MAX_EXCHANGES, BrokerConfig
+from hami_trio.broker.server import (
+    DEFAULT_EXCHANGE_DEADLINE,
+    DEFAULT_MAX_EXCHANGES,
+    FD_RESERVE,
+    BrokerConfig,
+    exchanges_within,
+)
 from hami_trio.errors import ConfigError
 from hami_trio.goparse import (
     BROKER_SWITCH_ENV,
@@ -315,6 +322,9 @@ class AgentConfig:
         log_level: a :mod:`logging` level name, lower case.
         warnings: what the operator should hear about once logging is set up.
         sources: where each setting came from: a flag, a variable or ``default``.
+        broker_clamp: ``(max_exchanges asked for, hard descriptor limit)`` when the broker's
+            slots were clamped to that limit (:func:`~hami_trio.broker.server.exchanges_within`);
+            None otherwise.
     """
 
     monitor: MonitorConfig
@@ -337,6 +347,7 @@ class AgentConfig:
     log_level: str = "info"
     warnings: tuple[str, ...] = ()
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    broker_clamp: tuple[int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The resolved configuration as ``hami-trio run --print-config`` prints it.
@@ -363,6 +374,9 @@ class AgentConfig:
                 "max_exchanges": self.broker.max_exchanges,
                 "exchange_deadline_seconds": self.broker.exchange_deadline,
             }
+            if self.broker_clamp is not None:
+                requested, limit = self.broker_clamp
+                broker["max_exchanges_clamped"] = {"requested": requested, "fd_limit": limit}
         return {
             "hook_path": str(self.monitor.hook_path),
             "node_name": self.node_name,
@@ -502,7 +516,13 @@ def _debug_bind(reader: _Reader, warnings: list[str]) -> BindAddress | None:
     return bind
 
 
-def _broker(reader: _Reader, env: Mapping[str, str], warnings: list[str]) -> BrokerConfig | None:
+def _hard_fd_limit() -> int:
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+
+
+def _broker(
+    reader: _Reader, env: Mapping[str, str], warnings: list[str], fd_limit: Callable[[], int]
+) -> tuple[BrokerConfig | None, tuple[int, int] | None]:
     switch = env.get(BROKER_SWITCH_ENV)
     reader.sources["broker"] = BROKER_SWITCH_ENV if switch else "default"
     socket_text, socket_origin = reader.text("broker_socket_path")
@@ -523,17 +543,31 @@ def _broker(reader: _Reader, env: Mapping[str, str], warnings: list[str]) -> Bro
             warnings.append(
                 f"{BROKER_SWITCH_ENV}={switch!r} is not exactly '1': the host PID broker is off"
             )
-        return None
+        return None, None
     if socket_text == "":
         raise ConfigError(f"{socket_origin}: empty path")
     if lock_text == "":
         raise ConfigError(f"{lock_origin}: empty path")
-    return BrokerConfig(
+    # Every slot holds a descriptor: more slots than the limit leaves room for would let a
+    # connection flood take the monitor's and the metrics port's descriptors.
+    clamp = None
+    limit = fd_limit()
+    slots = exchanges_within(max_exchanges, limit)
+    if slots < max_exchanges:
+        clamp = (max_exchanges, limit)
+        warnings.append(
+            f"the broker's max_exchanges ({max_origin}) is clamped from {max_exchanges} to "
+            f"{slots}: the hard descriptor limit {limit} (RLIMIT_NOFILE) "
+            f"keeps {FD_RESERVE} for the monitor, the metrics port and the rest of the agent; "
+            f"raise it to at least {max_exchanges + FD_RESERVE} for every slot"
+        )
+    broker = BrokerConfig(
         socket_path=DEFAULT_SOCKET_PATH if socket_text is None else Path(socket_text),
         lock_path=None if lock_text is None else Path(lock_text),
-        max_exchanges=max_exchanges,
+        max_exchanges=slots,
         exchange_deadline=deadline,
     )
+    return broker, clamp
 
 
 def resolve_config(
@@ -542,6 +576,7 @@ def resolve_config(
     *,
     with_broker: bool = True,
     hostname: Callable[[], str] = socket.gethostname,
+    fd_limit: Callable[[], int] = _hard_fd_limit,
 ) -> AgentConfig:
     """Resolve flags, environment and defaults into an :class:`AgentConfig` (pure).
 
@@ -552,6 +587,8 @@ def resolve_config(
         with_broker: False for ``hami-trio monitor``: the broker stays off whatever
             ``LIBVGPU_HOSTPID_BROKER`` says.
         hostname: the host name, the node label when ``NODE_NAME`` is unset without Kubernetes.
+        fd_limit: the hard ``RLIMIT_NOFILE`` (``resource.RLIM_INFINITY``: unlimited), which
+            the broker's slots are clamped to (asked only with the broker on).
 
     Returns:
         The configuration, with :attr:`AgentConfig.warnings` to log.
@@ -619,7 +656,7 @@ def resolve_config(
         allowlist = parse_label_allowlist(allowlist_text or "", name=allowlist_origin)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    broker = _broker(reader, env, warnings) if with_broker else None
+    broker, clamp = _broker(reader, env, warnings, fd_limit) if with_broker else (None, None)
 
     timeout_text, timeout_origin = reader.text("shutdown_timeout")
     shutdown_timeout = (
@@ -672,6 +709,7 @@ def resolve_config(
         log_level=log_level,
         warnings=tuple(warnings),
         sources=MappingProxyType(dict(reader.sources)),
+        broker_clamp=clamp,
     )
 
 

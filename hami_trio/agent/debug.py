@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol
 
+from hami_trio._text import quote
 from hami_trio.metrics.exportstate import export_state
 from hami_trio.monitor.snapshot import UsageSnapshot
 from hami_trio.pods.allocated import (
@@ -302,17 +303,17 @@ def _text(value: str, limit: int) -> str:
     return _SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", value)
 
 
-def _identity(key: KeyView, pod: PodInfo | None, pods: PodWatchSummary, limit: int) -> Any:
+def _identity(key: KeyView, pod: PodInfo | None, pods: PodWatchSummary) -> Any:
     if pod is not None:
         return {"known": True, "reason": None}
-    uid = _text(key.pod_uid, limit)
+    uid = quote(key.pod_uid)  # the directory's name: quoted and cut, as in the export reasons
     if pods.source == "static":
-        reason = f"pod UID {uid!r} is not known"
+        reason = f"pod UID {uid} is not known"
     elif not pods.ready:
-        reason = f"pod UID {uid!r} is not known: the pod watch has not listed yet"
+        reason = f"pod UID {uid} is not known: the pod watch has not listed yet"
     else:
         reason = (
-            f"pod UID {uid!r} is not known to the pod watch of node {pods.node_name!r} "
+            f"pod UID {uid} is not known to the pod watch of node {quote(pods.node_name)} "
             "(deleted, on another node, or not scheduled by HAMi here)"
         )
     return {"known": False, "reason": reason}
@@ -432,7 +433,7 @@ def container_entry(
         "container": _text(key.container_name, text),
         "namespace": None if pod is None else _text(pod.namespace, text),
         "pod": None if pod is None else _text(pod.name, text),
-        "identity": _identity(key, pod, pods, text),
+        "identity": _identity(key, pod, pods),
         "status": state.status.value,
         "file": (
             None

@@ -25,7 +25,7 @@ import socket
 import struct
 from bisect import bisect_left
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
@@ -55,9 +55,11 @@ __all__ = [
     "ACCEPT_BATCH",
     "DEFAULT_EXCHANGE_DEADLINE",
     "DEFAULT_MAX_EXCHANGES",
+    "FD_RESERVE",
     "BrokerConfig",
     "BrokerHandle",
     "accept_backoff",
+    "exchanges_within",
     "serve_broker",
 ]
 
@@ -153,24 +155,42 @@ def accept_backoff(previous: float) -> float:
     return min(previous * 2, _BACKOFF_MAX)
 
 
-def _ensure_fd_budget(max_exchanges: int) -> None:
-    """Raise the soft descriptor limit (:func:`~hami_trio._trio.raise_fd_limit`) and warn
-    when it stays below what every slot needs to hold a connection.
+def exchanges_within(max_exchanges: int, fd_limit: int) -> int:
+    """The slots a broker may use under the descriptor limit ``fd_limit``: ``max_exchanges``,
+    at most ``fd_limit - FD_RESERVE`` (and at least 1).
 
-    Without enough descriptors a flood of idle connections turns into EMFILE accept errors
-    and backoff pauses for everyone, instead of ``rejected_full`` for the connections that
-    need a slot.
+    Each slot holds one descriptor; the reserve is for the rest of the agent (the monitor's
+    containers, the metrics connections, the listeners).  With more slots than that, a flood
+    of idle connections takes the last descriptors: the monitor cannot open its directory or
+    check the MIG lock, and accepts fail with EMFILE for everyone.  ``resource.RLIM_INFINITY``
+    (or any limit far above) leaves ``max_exchanges`` as it is.
     """
-    needed = max_exchanges + FD_RESERVE
-    soft = raise_fd_limit(needed)
-    if soft != resource.RLIM_INFINITY and soft < needed:
+    if fd_limit == resource.RLIM_INFINITY or fd_limit < 0:
+        return max_exchanges
+    return max(1, min(max_exchanges, fd_limit - FD_RESERVE))
+
+
+def _ensure_fd_budget(max_exchanges: int) -> int:
+    """Raise the soft descriptor limit (:func:`~hami_trio._trio.raise_fd_limit`) and clamp
+    the slots to it (:func:`exchanges_within`), with a warning when that bites.
+
+    Returns:
+        The slots the broker runs with.
+    """
+    soft = raise_fd_limit(max_exchanges + FD_RESERVE)
+    slots = exchanges_within(max_exchanges, soft)
+    if slots < max_exchanges:
         logger.warning(
-            "file descriptor limit %d is below max_exchanges + %d = %d; under an idle "
-            "connection flood accepts will fail with EMFILE and back off",
+            "max_exchanges clamped from %d to %d: the descriptor limit %d keeps %d for the "
+            "rest of the agent (raise the hard RLIMIT_NOFILE to max_exchanges + %d for all)",
+            max_exchanges,
+            slots,
             soft,
             FD_RESERVE,
-            needed,
+            FD_RESERVE,
+            extra={"event": "broker_slots_clamped"},
         )
+    return slots
 
 
 # The C socket type: on the hot path a ``socket.socket`` wrapper costs Python-level
@@ -442,6 +462,12 @@ class BrokerHandle:
         return self._server.stats
 
     @property
+    def max_exchanges(self) -> int:
+        """The slots the broker runs with (``max_exchanges``, clamped to the descriptor
+        limit: :func:`exchanges_within`)."""
+        return self._server.config.max_exchanges
+
+    @property
     def in_flight(self) -> int:
         """Exchanges currently holding a slot (waiting for their request)."""
         return int(self._server.limiter.borrowed_tokens)
@@ -469,8 +495,9 @@ async def serve_broker(
     in-flight exchanges finish within their deadline) or cancellation (in-flight exchanges
     are cancelled); either way the socket is removed if it is still ours and the lock
     released.  Process-wide side effect: the soft ``RLIMIT_NOFILE`` is raised to the hard
-    limit (:func:`~hami_trio._trio.raise_fd_limit`; a warning is logged when that is below
-    ``max_exchanges + FD_RESERVE``).
+    limit (:func:`~hami_trio._trio.raise_fd_limit`); when that is below
+    ``max_exchanges + FD_RESERVE`` the broker runs with fewer slots (:func:`exchanges_within`,
+    a warning says so).
 
     Args:
         config: where to listen and the connection-pressure settings.
@@ -484,7 +511,9 @@ async def serve_broker(
         ValueError: ``registry`` already holds metrics of these names (another running
             broker registered in it); raised before ready, nothing is left behind.
     """
-    _ensure_fd_budget(config.max_exchanges)
+    slots = _ensure_fd_budget(config.max_exchanges)
+    if slots != config.max_exchanges:
+        config = replace(config, max_exchanges=slots)
     bound = open_broker_socket(
         config.socket_path,
         lock_path=config.lock_path,

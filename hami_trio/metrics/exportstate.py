@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Final, Literal, NamedTuple, Protocol, get_args
 
+from hami_trio._text import quote as _quote
 from hami_trio.pods.source import PodInfo
 
 __all__ = [
@@ -53,8 +54,6 @@ EXPORT_STATES: Final[tuple[ExportState, ...]] = get_args(ExportState)
 
 #: The states whose rows are on ``/metrics``.
 _EXPORTED: Final = frozenset({"exported", "paused"})
-#: Longest piece of tenant text (a pod or container name) quoted in a reason.
-_MAX_QUOTED: Final = 80
 
 
 class RejectionView(Protocol):
@@ -107,25 +106,6 @@ class ExportDecision(NamedTuple):
     def exported(self) -> bool:
         """Whether the container's rows are on ``/metrics`` (``exported`` or ``paused``)."""
         return self.state in _EXPORTED
-
-
-def _quote(text: str) -> str:
-    """Tenant text for a reason: short, and printable whatever it holds.
-
-    Cut to :data:`_MAX_QUOTED` characters as written out: an escape (``\\U00010000``) is
-    up to ten characters for one, so the text is cut again after escaping, never inside
-    an escape."""
-    shown = ascii(text[:_MAX_QUOTED])
-    if len(shown) <= _MAX_QUOTED + 2 and len(text) <= _MAX_QUOTED:
-        return shown
-    cut, size = [], 0
-    for char in text[:_MAX_QUOTED]:
-        escaped = "\\'" if char == "'" else ascii(char)[1:-1]
-        if size + len(escaped) > _MAX_QUOTED:
-            break
-        cut.append(escaped)
-        size += len(escaped)
-    return "'" + "".join(cut) + "...'"
 
 
 def _pod_name(pod: PodInfo) -> str:

@@ -20,6 +20,7 @@ mapping per tick (:meth:`ContainerLister.containers`).  Rules and reasons: docs/
 from __future__ import annotations
 
 import enum
+import errno
 import logging
 import os
 import stat
@@ -32,6 +33,7 @@ from typing import NamedTuple
 
 import trio
 
+from hami_trio._text import quote
 from hami_trio.errors import CacheFileRejected
 from hami_trio.logs import RateLimiter
 from hami_trio.monitor.feedback import Write
@@ -86,6 +88,8 @@ MAX_CONTAINER_WORK = (
 MAX_STEP_WORK = WORK_PER_CHECKPOINT + MAX_CONTAINER_WORK
 _LIBVGPU = "libvgpu.so"
 _CACHE_SUFFIX = ".cache"
+#: Out of descriptors: says nothing about the directory or the file, only about this process.
+_NO_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 
 
 def _sorted_entries(fd: int) -> list[os.DirEntry[str]]:
@@ -231,6 +235,9 @@ class ContainerLister:
             counter).
         max_watches: the most directories watched with inotify (None: a share of the node's
             ``fs.inotify.max_user_watches``, see :func:`~hami_trio.monitor.watch.watch_cap`).
+        on_no_descriptors: called each time the process is out of descriptors (EMFILE,
+            ENFILE) where the tick needed one; the last view (of the directory, or of that
+            container) is kept instead of being emptied or refused.
     """
 
     def __init__(
@@ -246,8 +253,10 @@ class ContainerLister:
         removal_budget: Budget | None = None,
         on_watch_fallback: Callable[[str], None] | None = None,
         max_watches: int | None = None,
+        on_no_descriptors: Callable[[], None] | None = None,
     ) -> None:
         self._root = os.fspath(containers_dir)
+        self._on_no_descriptors = on_no_descriptors
         self._pods = pod_source
         self._resync = resync_interval
         self._on_reject = on_reject
@@ -330,6 +339,9 @@ class ContainerLister:
             self._view = MappingProxyType({})
             return self._view
         except OSError as exc:
+            if exc.errno in _NO_DESCRIPTORS:
+                self._no_descriptors(exc)
+                return self._view  # every handle and the last view stay
             self._limiter.log(
                 logger, logging.ERROR, "root", "cannot open %s: %s", self._root, exc.strerror
             )
@@ -350,6 +362,9 @@ class ContainerLister:
                     self._work = size
                     entries = _sorted_entries(root_fd)
             except OSError as exc:
+                if exc.errno in _NO_DESCRIPTORS:
+                    self._no_descriptors(exc)
+                    return self._view  # not "no directories": the last view stays
                 self._limiter.log(
                     logger, logging.ERROR, "root", "cannot list %s: %s", self._root, exc.strerror
                 )
@@ -390,6 +405,31 @@ class ContainerLister:
                 self._watch.mark_all_dirty()
                 self._watch_fell_back("root")
             self._root_id = root_id
+
+    def _no_descriptors(self, exc: OSError) -> None:
+        if self._on_no_descriptors is not None:
+            self._on_no_descriptors()
+        self._limiter.log(
+            logger,
+            logging.WARNING,
+            "descriptors",
+            "out of file descriptors reading %s (%s): keeping the last view until there are "
+            "descriptors again",
+            self._root,
+            exc.strerror or exc,
+        )
+
+    def _kept(self, tracked: _Tracked, exc: BaseException | None) -> ContainerState | None:
+        """The container's last state, when ``exc`` (or its cause) is only "out of
+        descriptors": nothing is known against the file, so it is not refused for it."""
+        if isinstance(exc, CacheFileRejected):
+            exc = exc.__cause__
+        if not isinstance(exc, OSError) or exc.errno not in _NO_DESCRIPTORS:
+            return None
+        last = tracked.last_state
+        if last is not None:
+            self._no_descriptors(exc)
+        return last
 
     def _watch_fell_back(self, reason: str) -> None:
         if self._on_watch_fallback is not None:
@@ -601,6 +641,9 @@ class ContainerLister:
         return state
 
     def _reject(self, tracked: _Tracked, exc: CacheFileRejected) -> ContainerState:
+        kept = self._kept(tracked, exc)
+        if kept is not None:
+            return kept
         reason = RejectReason(exc.reason)
         if reason != tracked.last_reason:
             tracked.last_reason = reason
@@ -713,6 +756,9 @@ class ContainerLister:
         return self._state(tracked, ContainerStatus.LOADED, snapshot=snapshot)
 
     def _cannot_list(self, tracked: _Tracked, exc: OSError) -> ContainerState:
+        kept = self._kept(tracked, exc)
+        if kept is not None:
+            return kept
         tracked.cache_name = None
         return self._reject(
             tracked,
@@ -779,7 +825,7 @@ class ContainerLister:
                 CacheFileRejected(
                     RejectReason.TOO_MANY_FILES,
                     f"{display_dir}: {len(matching)} files match libvgpu.so*/*.cache "
-                    f"(at most 2): {', '.join(sorted(matching)[:5])}",
+                    f"(at most 2): {', '.join(quote(n) for n in sorted(matching)[:5])}",
                 ),
             )
         caches = [n for n in matching if n.endswith(_CACHE_SUFFIX) and _LIBVGPU not in n]
@@ -788,7 +834,7 @@ class ContainerLister:
             tracked.last_reason = None
             return self._state(tracked, ContainerStatus.NO_CACHE_FILE)
         tracked.cache_name = caches[0]
-        display = os.path.join(display_dir, caches[0])
+        display = f"{display_dir}/{quote(caches[0])}"  # the tenant's name, quoted
         try:
             dir_fd = os.open(
                 dirname,
@@ -796,6 +842,9 @@ class ContainerLister:
                 dir_fd=root_fd,
             )
         except OSError as exc:
+            kept = self._kept(tracked, exc)
+            if kept is not None:
+                return kept
             return self._reject(
                 tracked,
                 CacheFileRejected(

@@ -15,6 +15,7 @@ docs/monitor.md.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -137,6 +138,13 @@ class MigLockProblem:
 class _LockProbe:
     present: bool
     problem: MigLockProblem | None = None
+    #: Set when the check could not run for want of a descriptor (EMFILE, ENFILE): whether
+    #: the lock exists is not known, which the monitor treats as "locked".
+    unchecked: OSError | None = None
+
+
+#: The errors that say "no descriptor to check with", not anything about the lock.
+NO_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 
 
 def _trusted_uids() -> frozenset[int]:
@@ -161,7 +169,8 @@ def probe_mig_lock(lock_path: Path, *, create: bool = False) -> _LockProbe:
 
     An unsafe directory yields ``present=False`` with the problem: a directory someone else
     controls must neither pause the monitor nor be watched.  A missing parent, directory or
-    lock is simply no lock.  Never raises ``OSError``.
+    lock is simply no lock.  Out of descriptors (EMFILE, ENFILE) the check has not run:
+    ``unchecked`` holds the error and nothing is concluded.  Never raises ``OSError``.
     """
     directory = lock_path.parent
     trusted = _trusted_uids()
@@ -170,6 +179,8 @@ def probe_mig_lock(lock_path: Path, *, create: bool = False) -> _LockProbe:
     except FileNotFoundError:
         return _LockProbe(False)
     except OSError as exc:
+        if exc.errno in NO_DESCRIPTORS:
+            return _LockProbe(False, unchecked=exc)
         return _refused(
             "parent",
             f"cannot open its parent {directory.parent} without following "
@@ -205,6 +216,8 @@ def probe_mig_lock(lock_path: Path, *, create: bool = False) -> _LockProbe:
         finally:
             os.close(dir_fd)
     except OSError as exc:
+        if exc.errno in NO_DESCRIPTORS:
+            return _LockProbe(False, unchecked=exc)
         return _refused("error", f"cannot check it ({exc.strerror or exc})", directory)
     finally:
         os.close(parent_fd)
@@ -444,6 +457,16 @@ class _SelfMetrics:
             "HAMi-core explains (recent_kernel, utilization_switch).",
             registry=registry,
         )
+        self.no_descriptors = Counter(
+            "hami_trio_monitor_descriptors_exhausted_total",
+            "Monitor checks that could not get a file descriptor (EMFILE, ENFILE), by check: "
+            "mig_lock (the monitor pauses, regions untouched) or containers (the last view of "
+            "the directory or container is kept).",
+            ["check"],
+            registry=registry,
+        )
+        for check in ("mig_lock", "containers"):
+            self.no_descriptors.labels(check=check)
 
 
 class _LockWatch:
@@ -464,7 +487,8 @@ class _LockWatch:
         """Set up the watch if it is not (still) there; failures are logged once."""
         if self._inotify is not None:
             return
-        if probe_mig_lock(self._path).problem is not None:
+        probe = probe_mig_lock(self._path)
+        if probe.problem is not None or probe.unchecked is not None:
             return
         try:
             fd = os.open(self._path.parent, _PATH_FLAGS | os.O_DIRECTORY)
@@ -564,6 +588,7 @@ class Monitor:
             wall_clock=wall_clock,
             on_removal=lambda outcome: self._metrics.removals.labels(outcome=outcome).inc(),
             on_watch_fallback=lambda why: self._metrics.watch_fallbacks.labels(reason=why).inc(),
+            on_no_descriptors=self._metrics.no_descriptors.labels(check="containers").inc,
         )
         self._metrics.resync_interval.set(config.resync_interval)
         self._watch = _LockWatch(config.mig_lock_path, self._lock_changed)
@@ -577,6 +602,8 @@ class Monitor:
         self._wakeup = trio.Event()
         self._limiter = RateLimiter(60.0, clock=trio.current_time)
         self._lock_error_logged = False
+        self._lock_unchecked: OSError | None = None  # why the latest lock check did not run
+        self._paused_unchecked = False  # paused because the check could not run
         self._mig_problem: MigLockProblem | None = None
         self._mig_limiter = RateLimiter(600.0, clock=trio.current_time)
         self._foreign: ForeignWriterDetector[ContainerKey] = ForeignWriterDetector()
@@ -666,6 +693,21 @@ class Monitor:
         replaced or made unsafe later is noticed within one interval.
         """
         probe = probe_mig_lock(self._config.mig_lock_path, create=True)
+        self._lock_unchecked = probe.unchecked
+        if probe.unchecked is not None:
+            # A check that cannot run is never "no lock": paused, and the directory's last
+            # verdict (safe or refused) stays as it was.
+            self._metrics.no_descriptors.labels(check="mig_lock").inc()
+            self._limiter.log(
+                logger,
+                logging.WARNING,
+                "mig-unchecked",
+                "cannot check the MIG lock %s (%s): the monitor holds its writes as if it "
+                "existed until the check runs again",
+                self._config.mig_lock_path,
+                probe.unchecked.strerror or probe.unchecked,
+            )
+            return True
         self._note_mig_problem(probe.problem)
         return probe.present
 
@@ -832,9 +874,22 @@ class Monitor:
             return
         self._paused = paused
         self._metrics.paused.set(1 if paused else 0)
-        if paused:
+        unchecked, self._paused_unchecked = self._paused_unchecked, self._lock_unchecked is not None
+        if paused and self._lock_unchecked is not None:
+            logger.warning(
+                "MIG apply lock %s cannot be checked (%s): monitor paused, shared regions "
+                "untouched",
+                self._config.mig_lock_path,
+                self._lock_unchecked.strerror or self._lock_unchecked,
+            )
+        elif paused:
             logger.warning(
                 "MIG apply lock %s exists: monitor paused, shared regions untouched",
+                self._config.mig_lock_path,
+            )
+        elif unchecked:
+            logger.info(
+                "MIG apply lock %s can be checked again and does not exist: monitor resumed",
                 self._config.mig_lock_path,
             )
         else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from hami_trio.agent.config import (
     resolve_config,
 )
 from hami_trio.broker.boundary import DEFAULT_LOCK_PATH, DEFAULT_SOCKET_PATH
+from hami_trio.broker.server import FD_RESERVE, BrokerConfig
 from hami_trio.cli.main import build_parser, main
 from hami_trio.errors import ConfigError, PodSourceError
 from hami_trio.goparse import BindAddress
@@ -178,6 +180,41 @@ def test_the_broker_is_on_only_for_exactly_1(switch: str) -> None:
         )
     else:
         assert config.warnings == ()
+
+
+def test_broker_slots_are_clamped_to_the_descriptor_limit() -> None:
+    on = {"LIBVGPU_HOSTPID_BROKER": "1"}
+    config = resolve("--no-kubernetes", env=on, fd_limit=lambda: 512)
+    assert config.broker is not None
+    assert config.broker.max_exchanges == 512 - FD_RESERVE
+    (warning,) = config.warnings
+    assert warning == (
+        "the broker's max_exchanges (default) is clamped from 4096 to 256: the hard descriptor "
+        "limit 512 (RLIMIT_NOFILE) keeps 256 for the monitor, the metrics port and the rest of "
+        "the agent; raise it to at least 4352 for every slot"
+    )
+    doc = config.to_json()
+    assert doc["broker"]["max_exchanges"] == 256
+    assert doc["broker"]["max_exchanges_clamped"] == {"requested": 4096, "fd_limit": 512}
+    assert doc["warnings"] == [warning]
+    # What fits is left alone; so is an unlimited hard limit.
+    fits = resolve("--no-kubernetes", "--broker-max-exchanges=200", env=on, fd_limit=lambda: 512)
+    assert fits.broker is not None
+    assert fits.broker.max_exchanges == 200
+    assert (fits.warnings, fits.broker_clamp) == ((), None)
+    assert "max_exchanges_clamped" not in fits.to_json()["broker"]
+    unlimited = resolve("--no-kubernetes", env=on, fd_limit=lambda: resource.RLIM_INFINITY)
+    assert unlimited.broker is not None
+    assert unlimited.broker.max_exchanges == 4096
+    # A limit below the reserve still leaves the broker one slot.
+    assert resolve("--no-kubernetes", env=on, fd_limit=lambda: 100).broker == BrokerConfig(
+        max_exchanges=1
+    )
+
+    def never() -> int:
+        raise AssertionError("the limit is asked only with the broker on")
+
+    assert resolve("--no-kubernetes", fd_limit=never).broker is None
 
 
 def test_monitor_command_never_runs_the_broker() -> None:

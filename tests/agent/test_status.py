@@ -6,9 +6,17 @@ The command against a real agent: tests/cli/test_status.py.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
+import trio
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
+from hami_trio._text import MAX_QUOTED, quote, unsafe_char
 from hami_trio.agent.debug import (
     DebugExtras,
     DebugLimits,
@@ -19,6 +27,7 @@ from hami_trio.agent.debug import (
 from hami_trio.agent.status import format_status, status_address
 from hami_trio.errors import ConfigError
 from hami_trio.goparse import BindAddress
+from hami_trio.monitor.lister import ContainerLister
 from hami_trio.monitor.scope import Claim
 from hami_trio.pods.source import StaticPodSource
 from tests.agent.test_debug import (
@@ -31,6 +40,7 @@ from tests.agent.test_debug import (
     loaded,
     two_gpus,
 )
+from tests.strategies.text import cache_file_names
 
 
 def test_the_table_shows_extras_devices_and_why() -> None:
@@ -198,3 +208,87 @@ def test_a_foreign_writer_gets_a_line_that_says_what_to_do() -> None:
     assert "ANOTHER MONITOR" not in status(False)
     line = next(x for x in status(True).splitlines() if x.startswith("ANOTHER MONITOR"))
     assert "docs/migration.md" in line
+
+
+# -- names made to fool the reader: a tenant's .cache files through the real lister ---------
+
+
+def _status_of_files(root: Path, names: Sequence[str]) -> str:
+    """The status table of one container directory holding ``names`` (garbage content: a
+    single file is refused for its content, three for their number), as the real lister
+    reports it."""
+    directory = os.path.join(os.fsencode(root), b"uid-1_main")
+    os.makedirs(directory)
+    for name in names:
+        with open(os.path.join(directory, os.fsencode(name)), "wb") as file:
+            file.write(b"\0" * 64)
+    lister = ContainerLister(root, StaticPodSource())
+    try:
+        view = trio.run(lister.update)
+    finally:
+        lister.close()
+    doc = debug_state(
+        dict(view),
+        StaticPodSource([]),
+        now=0.0,
+        node_name="node-a",
+        version="9.9",
+        monitor=MONITOR,
+        pods=PodWatchSummary("static", True, False),
+        broker=None,
+    )
+    return format_status(doc)
+
+
+def _rejection_note(text: str) -> str:
+    (note,) = [line for line in text.splitlines() if line.startswith("    rejected (")]
+    return note
+
+
+def test_format_characters_in_cache_file_names_are_escaped_and_quoted(tmp_path: Path) -> None:
+    # Right-to-left override: the reader sees "...cache.exe"-style reversed text; an isolate,
+    # a zero-width space and a BOM hide where the name ends; 150 spaces push the rest of the
+    # note past the terminal's width, where it wraps to look like a row of its own.
+    names = [
+        "\u202eehcac.evil.cache",
+        "a\u2066team-a/victim/main\u2069.cache".replace("/", "\u2215"),
+        "\u200b\ufeff" + " " * 150 + "team-a\u2215trainer-0  v1  0  1\u22158192  exported.cache",
+    ]
+    text = _status_of_files(tmp_path / "containers", names)
+    for char in ("\u202e", "\u2066", "\u2069", "\u200b", "\ufeff", "\u2215"):
+        assert char not in text, text
+    note = _rejection_note(text)
+    assert "too_many_files" in note
+    for name in names:
+        assert quote(name) in note  # each name quoted, escaped, cut
+    assert " " * (MAX_QUOTED + 1) not in note  # no name pads a line with a row's width
+
+
+def test_a_refused_file_is_named_quoted(tmp_path: Path) -> None:
+    name = "\u202e" + " " * 150 + "x.cache"
+    note = _rejection_note(_status_of_files(tmp_path / "containers", [name]))
+    assert f"/uid-1_main/{quote(name)}" in note, note
+    assert "\u202e" not in note
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(cache_file_names(), min_size=1, max_size=3, unique=True))
+def test_no_cache_file_name_can_hide_reorder_or_add_text(names: list[str]) -> None:
+    assume(len({os.fsencode(name) for name in names}) == len(names))
+    with tempfile.TemporaryDirectory() as scratch:
+        text = _status_of_files(Path(scratch) / "containers", names)
+    with tempfile.TemporaryDirectory() as scratch:
+        benign = _status_of_files(
+            Path(scratch) / "containers", [f"{i}.cache" for i in range(len(names))]
+        )
+    assert not any(unsafe_char(char) for char in text.replace("\n", ""))
+    assert len(text.splitlines()) == len(benign.splitlines())  # no line added or removed
+    # Three files are refused for their number (every name shown), fewer for the content of
+    # the first (its name shown).
+    shown = names if len(names) == 3 else sorted(names)[:1]
+    note, plain = _rejection_note(text), _rejection_note(benign)
+    for name in shown:
+        assert quote(name) in note
+    # Only the names differ, each at most MAX_QUOTED characters and its quotes.
+    fixed = len(plain) - sum(len(quote(f"{i}.cache")) for i in range(len(shown)))
+    assert len(note) <= fixed + len(shown) * (MAX_QUOTED + 5)

@@ -6,6 +6,7 @@ import errno
 import json
 import logging
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -19,6 +20,7 @@ import trio
 import trio.testing
 from prometheus_client import CollectorRegistry
 
+from hami_trio.broker import server as server_module
 from hami_trio.broker.protocol import (
     INVALID_RESPONSE,
     VALID_REQUEST,
@@ -26,9 +28,11 @@ from hami_trio.broker.protocol import (
     parse_response,
 )
 from hami_trio.broker.server import (
+    FD_RESERVE,
     BrokerConfig,
     BrokerHandle,
     accept_backoff,
+    exchanges_within,
     serve_broker,
 )
 from hami_trio.errors import BrokerError, BrokerStartupError, ConfigError
@@ -464,7 +468,7 @@ async def test_descriptor_exhaustion_backs_off_and_recovers(socket_path: Path) -
         while chunk := await proc.stderr.receive_some():
             stderr += chunk
         assert b"broker accept failed (EMFILE)" in stderr
-        assert b"file descriptor limit 40 is below" in stderr
+        assert b"max_exchanges clamped from 4096 to 1: the descriptor limit 40" in stderr
     finally:
         for sock in idle:
             sock.close()
@@ -657,3 +661,29 @@ async def test_second_broker_in_the_same_registry_is_refused_cleanly(
         assert await exchange(socket_path) == encode_response(os.getpid())
     async with running_broker(config(other), registry):  # its lock was released
         pass
+
+
+def test_slots_fit_the_descriptor_limit() -> None:
+    assert exchanges_within(4096, 512) == 512 - FD_RESERVE
+    assert exchanges_within(100, 512) == 100
+    assert exchanges_within(4096, 4096 + FD_RESERVE) == 4096
+    assert exchanges_within(4096, 10) == 1
+    assert exchanges_within(4096, resource.RLIM_INFINITY) == 4096
+
+
+async def test_the_broker_runs_with_the_slots_its_limit_allows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # ``hami-trio broker`` has no configuration step: the broker clamps on its own, to the
+    # soft limit it could raise to.
+    monkeypatch.setattr(server_module, "raise_fd_limit", lambda needed: 300)
+    config = BrokerConfig(socket_path=tmp_path / "s" / "broker.sock", max_exchanges=4096)
+    with caplog.at_level(logging.WARNING, logger="hami_trio.broker"):
+        async with trio.open_nursery() as nursery:
+            handle: BrokerHandle = await nursery.start(serve_broker, config)
+            assert handle.max_exchanges == 300 - FD_RESERVE
+            handle.stop()
+    assert any(
+        "max_exchanges clamped from 4096 to 44: the descriptor limit 300" in r.getMessage()
+        for r in caplog.records
+    )

@@ -80,7 +80,7 @@ def test_status_prints_one_row_per_device_and_the_reasons(
     assert rows[3].strip().startswith("1 process(es) exited but still hold their slot")
     assert rows[4].split() == ["-/pod-uid-2/side", "?", "-", "-", "-", "-", "?", "?", "-", "?",
                                "rejected"]  # fmt: skip
-    side = hook / "containers" / "pod-uid-2_side" / "x.cache"
+    side = f"{hook / 'containers' / 'pod-uid-2_side'}/'x.cache'"  # the tenant's name quoted
     assert (
         rows[5].strip() == f"rejected (too_small): {side}: cache file size 4 too small (< 12 bytes)"
     )

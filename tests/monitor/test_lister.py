@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import struct
@@ -459,3 +460,60 @@ async def test_apply_writes_through_the_handle_and_skips_unknown(root: Path) -> 
     assert (directory / "x.cache").stat().st_size == 10
     lister.close()
     assert lister.tracked_names() == frozenset()
+
+
+async def test_out_of_descriptors_keeps_the_last_view(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    container(root, "a_c", "x.cache", priority=1)
+    b = container(root, "b_c", "x.cache", priority=1)
+    exhausted = Calls()
+    lister = make(root, on_no_descriptors=lambda: exhausted("emfile"))
+    view = await lister.update()
+    assert len(view) == 2
+    handle = lister.handle_of("a_c")
+    real_open, real_scandir = os.open, os.scandir
+    mode = ["all"]
+
+    def fake_open(path: object, *args: object, **kwargs: object) -> int:
+        if mode[0] == "all" or (mode[0] == "not-root" and os.fspath(path) != str(root)):  # type: ignore[call-overload]
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    def fake_scandir(path: object) -> object:
+        if mode[0] == "scandir":
+            raise OSError(errno.ENFILE, os.strerror(errno.ENFILE))
+        return real_scandir(path)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(os, "open", fake_open)
+    monkeypatch.setattr(os, "scandir", fake_scandir)
+    # The containers directory cannot be opened: the view and every handle stay.
+    assert await lister.update() is view
+    assert lister.handle_of("a_c") is handle
+    assert handle is not None
+    assert not handle.closed
+    # Or not listed.
+    mode[0] = "scandir"
+    assert await lister.update() is view
+    # A container that must be opened again keeps its last state; a new one has none, and
+    # is refused for what happened.
+    mode[0] = ""
+    write_region(b / "new", RegionSpec(priority=9))
+    os.replace(b / "new", b / "x.cache")
+    container(root, "c_c")
+    (root / "c_c" / "x.cache").write_bytes(b"\0" * 64)
+    mode[0] = "not-root"
+    now = await lister.update()
+    assert now[key("a_c")] is view[key("a_c")]
+    assert now[key("b_c")] is view[key("b_c")]  # not refused: nothing is wrong with it
+    rejection = now[key("c_c")].rejection
+    assert rejection is not None
+    assert rejection.reason is RejectReason.IO_ERROR
+    assert "Too many open files" in rejection.message
+    assert len(exhausted.seen) == 3
+    # Descriptors again: the replaced file is read.
+    mode[0] = ""
+    state = (await lister.update())[key("b_c")]
+    assert state.snapshot is not None
+    assert state.snapshot.priority == 9
+    lister.close()

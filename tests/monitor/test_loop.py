@@ -6,6 +6,7 @@ tick counts, no sleeping.  The MIG lock is a real file watched by real inotify.
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -723,3 +724,75 @@ async def test_without_grants_the_files_count_alone_as_upstream(
     snapshot = monitor.containers()[key].snapshot
     assert snapshot is not None
     assert monitor.claim(key, snapshot).scoped is False
+
+
+# -- out of descriptors ------------------------------------------------------------------
+
+
+def _fail_opening(
+    monkeypatch: pytest.MonkeyPatch, path: Path, err: int = errno.EMFILE
+) -> list[bool]:
+    """Make ``os.open(path)`` fail with ``err`` while the returned switch holds True (the
+    process is out of descriptors for that check; every other open works)."""
+    switch = [True]
+    real_open = os.open
+
+    def fake_open(file: object, *args: object, **kwargs: object) -> int:
+        if switch[0] and isinstance(file, str | os.PathLike) and os.fspath(file) == str(path):
+            raise OSError(err, os.strerror(err))
+        return real_open(file, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(loop_module.os, "open", fake_open)
+    return switch
+
+
+@pytest.mark.parametrize("err", [errno.EMFILE, errno.ENFILE])
+async def test_a_lock_check_that_cannot_run_holds_the_writes(
+    autojump_clock: MockClock, hook: Path, monkeypatch: pytest.MonkeyPatch, err: int
+) -> None:
+    work = add(hook, "a_c", recent_kernel=2)
+    cfg = config(hook)
+    registry = CollectorRegistry()
+    monitor = Monitor(cfg, pod_source=StaticPodSource(), registry=registry)
+    _fail_opening(monkeypatch, cfg.mig_lock_path.parent.parent, err)
+    try:
+        assert await monitor.tick() == 0  # "Too many open files" is never "no lock"
+    finally:
+        monitor.close()
+    assert work.read_control()[0] == 2
+    assert monitor.mig_lock_problem is None  # and not a refused directory either
+    assert registry.get_sample_value(
+        "hami_trio_monitor_descriptors_exhausted_total", {"check": "mig_lock"}
+    )
+
+
+async def test_out_of_descriptors_pauses_keeps_the_view_and_resumes(
+    autojump_clock: MockClock,
+    hook: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    work = add(hook, "a_c", recent_kernel=2)
+    cfg = config(hook)
+    registry = CollectorRegistry()
+    with caplog.at_level(logging.INFO, logger="hami_trio.monitor.loop"):
+        async with trio.open_nursery() as nursery:
+            monitor = await start(nursery, cfg, registry)
+            assert work.read_control()[0] == 1
+            view = monitor.containers()
+            switch = _fail_opening(monkeypatch, cfg.mig_lock_path.parent.parent)
+            work.launch_kernel()
+            await trio.sleep(30)
+            assert monitor.paused
+            assert registry.get_sample_value("hami_trio_monitor_mig_paused") == 1
+            assert work.read_control()[0] == 2  # untouched while the check cannot run
+            assert monitor.containers() is view  # the last view, not an empty one
+            assert monitor.mig_lock_problem is None
+            switch[0] = False  # descriptors again: noticed within one interval
+            await trio.sleep(cfg.interval + 1)
+            assert not monitor.paused
+            assert work.read_control()[0] < 2  # written again
+            monitor.request_stop()
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("cannot be checked (Too many open files): monitor paused" in m for m in messages)
+    assert any("can be checked again and does not exist: monitor resumed" in m for m in messages)
