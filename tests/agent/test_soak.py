@@ -11,6 +11,10 @@ beside the agent the whole time:
 - creates ``.cache`` files whose names carry newlines, carriage returns and terminal escapes
   (no forged log line);
 
+and ordinary pod churn runs beside it: a pod with two ``.cache`` files every round, deleted
+about four rounds later (the removal queue must stay bounded, each directory gone within
+20 s of its pod's deletion);
+
 and this test, playing another tenant through the API server, cycles one pod's MIG
 allocation annotation and node label through hostile values (40 KB of nesting, lone
 surrogates, wrong types, thousands of rows).
@@ -48,6 +52,10 @@ REPO = Path(__file__).resolve().parents[2]
 GPU_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 GPU_B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
 HOSTILE_REGIONS = 32
+#: Pod churn beside the attack: a churn pod's directory is gone this long after its deletion
+#: at the latest, and the removal queue never holds more than this many.
+CHURN_REMOVED_WITHIN = 20.0
+CHURN_PENDING_MAX = 50
 CHAIN_DEPTH = 3000
 FILES = 20_000
 
@@ -170,6 +178,15 @@ def samples(text: str, name: str) -> dict[str, float]:
             if sample.name == name and "pod" in sample.labels:
                 found[sample.labels["pod"]] = sample.value
     return found
+
+
+def gauge_value(text: str, name: str, labels: dict[str, str] | None = None) -> float:
+    """The value of the sample ``name`` with exactly ``labels`` (none by default)."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == (labels or {}):
+                return sample.value
+    raise AssertionError(f"no {name}{labels or ''} in the scrape")
 
 
 def tick_count(text: str) -> float:
@@ -306,11 +323,32 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
         )
         scrapes = exchanges = 0
         ticks_before = tick_count(text)
+        # Ordinary pod churn beside the attack: short jobs whose directories the remover must
+        # keep up with (each pod lives about four rounds, then is deleted).
+        churn: list[tuple[str, float]] = []  # (uid, deleted at) of deleted churn pods
+        alive: list[str] = []
+        pending: list[float] = []
         try:
             end = time.monotonic() + DURATION
             round_ = 0
             while time.monotonic() < end:
                 assert agent.proc.poll() is None, agent.output()[-5000:]
+                uid = fake.add_pod(f"churn-{round_}", namespace="team-churn", labels=node)
+                (root / f"{uid}_main").mkdir()
+                for cache in ("a.cache", "b.cache"):
+                    write_region(root / f"{uid}_main" / cache, RegionSpec(uuids=[GPU_B]))
+                alive.append(uid)
+                if len(alive) > 4:
+                    gone_uid = alive.pop(0)
+                    fake.delete_pod(gone_uid)
+                    churn.append((gone_uid, time.monotonic()))
+                late = [
+                    u
+                    for u, at in churn
+                    if time.monotonic() - at > CHURN_REMOVED_WITHIN
+                    and (root / f"{u}_main").exists()
+                ]
+                assert not late, f"churn directories not removed within {CHURN_REMOVED_WITHIN}s"
                 value = HOSTILE_ANNOTATIONS[round_ % len(HOSTILE_ANNOTATIONS)]
                 fake.modify_pod(
                     evil,
@@ -319,6 +357,7 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
                 )
                 text = await scrape()
                 scrapes += 1
+                pending.append(gauge_value(text, "hami_trio_monitor_removals_pending"))
                 got = samples(text, "hami_vgpu_memory_used_bytes")
                 assert {p: got.get(p) for p in good} == want_memory
                 mig_rows = samples(text, "hami_mig_device_info")
@@ -350,7 +389,16 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
         gone_dirs = gone.split()
         assert len(gone_dirs) >= 2
 
+        # The removal queue stayed bounded under the churn: it did not grow over the run.
+        third = max(1, len(pending) // 3)
+        assert max(pending) <= CHURN_PENDING_MAX, pending
+        assert sum(pending[-third:]) / third <= sum(pending[:third]) / third + 10, pending
+        for gone_uid in alive:
+            fake.delete_pod(gone_uid)
+            churn.append((gone_uid, time.monotonic()))
+
         # The gone pods' directories are all removed, and the agent still ticks.
+        gone_dirs += [f"{u}_main" for u, _ in churn]
         with trio.fail_after(90):
             while any((root / d).exists() for d in gone_dirs):
                 assert agent.proc.poll() is None, agent.output()[-5000:]
@@ -366,8 +414,15 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
         assert scrapes >= DURATION / 2
         assert exchanges == scrapes
 
+        removed = gauge_value(text, "hami_trio_monitor_removals_total", {"outcome": "removed"})
+        assert removed >= len(churn)
+        with trio.fail_after(20):
+            while gauge_value(text, "hami_trio_monitor_removals_pending") != 0:
+                await trio.sleep(0.2)
+                text = await scrape()
         print(
-            f"soak {DURATION:g}s: {scrapes} scrapes, {exchanges} broker exchanges, "
+            f"soak {DURATION:g}s: {len(churn)} churn pods removed (at most {max(pending):g} "
+            f"queued), {scrapes} scrapes, {exchanges} broker exchanges, "
             f"{tick_count(text) - ticks_before:g} ticks, {len(gone_dirs)} gone directories "
             f"removed, {rounds} tenant rounds, 0 restarts"
         )
