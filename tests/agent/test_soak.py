@@ -11,9 +11,11 @@ beside the agent the whole time:
 - creates ``.cache`` files whose names carry newlines, carriage returns and terminal escapes
   (no forged log line);
 
-and ordinary pod churn runs beside it: a pod with two ``.cache`` files every round, deleted
-about four rounds later (the removal queue must stay bounded, each directory gone within
-20 s of its pod's deletion);
+a pod floods the metrics port with 500 connections a second that ask for ``/metrics`` with
+gzip and never read (every scrape still answers, 19 of 20 within 5 s, and every ``/healthz``
+within 5 s), and ordinary pod churn runs beside it: a pod with two ``.cache`` files every
+round, deleted about four rounds later (the removal queue must stay bounded, each directory
+gone within 20 s of its pod's deletion);
 
 and this test, playing another tenant through the API server, cycles one pod's MIG
 allocation annotation and node label through hostile values (40 KB of nesting, lone
@@ -56,6 +58,10 @@ HOSTILE_REGIONS = 32
 #: at the latest, and the removal queue never holds more than this many.
 CHURN_REMOVED_WITHIN = 20.0
 CHURN_PENDING_MAX = 50
+#: The metrics-port flood beside the attack (connections a second), and how long a
+#: /healthz probe may take during it.
+FLOOD_RATE = 500
+PROBE_WITHIN = 5.0
 CHAIN_DEPTH = 3000
 FILES = 20_000
 
@@ -321,7 +327,24 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
             cwd=REPO,
             stdout=subprocess.PIPE,
         )
+        # A pod floods the metrics port all along: 500 connections a second from its own
+        # address, each asking for /metrics with gzip and never reading.
+        flood = await trio.lowlevel.open_process(
+            [
+                sys.executable,
+                "-m",
+                "tests.httpflood",
+                f"--port={port}",
+                "--sources=127.0.0.2",
+                f"--rate={FLOOD_RATE}",
+                f"--seconds={DURATION}",
+                "--nice=10",
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+        )
         scrapes = exchanges = 0
+        scrape_seconds: list[float] = []
         ticks_before = tick_count(text)
         # Ordinary pod churn beside the attack: short jobs whose directories the remover must
         # keep up with (each pod lives about four rounds, then is deleted).
@@ -355,8 +378,13 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
                     annotations={"hami.io/vgpu-mig-allocations": value},
                     labels={"hami.io/vgpu-node": "\ud800" * (round_ % 2) + "node-a"},
                 )
+                started = time.monotonic()
                 text = await scrape()
+                scrape_seconds.append(time.monotonic() - started)
                 scrapes += 1
+                with trio.fail_after(PROBE_WITHIN):
+                    probe = await trio.to_thread.run_sync(http_get, port, "/healthz")
+                assert probe[0] == 200, probe
                 pending.append(gauge_value(text, "hami_trio_monitor_removals_pending"))
                 got = samples(text, "hami_vgpu_memory_used_bytes")
                 assert {p: got.get(p) for p in good} == want_memory
@@ -379,10 +407,24 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
                         break
                     out += chunk
                 await tenant.wait()
+            with trio.fail_after(60):
+                flood_out = b""
+                while flood.stdout is not None:
+                    chunk = await flood.stdout.receive_some(1 << 16)
+                    if not chunk:
+                        break
+                    flood_out += chunk
+                await flood.wait()
         finally:
-            if tenant.returncode is None:
-                tenant.kill()
-                await tenant.wait()
+            for process in (tenant, flood):
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+        flooded = json.loads(flood_out.decode().splitlines()[-1])
+        assert flooded["opened"] >= FLOOD_RATE * DURATION / 4, flooded  # it really flooded
+        # Prometheus is not starved: at least 19 of 20 scrapes answered within 5 s.
+        slow = [t for t in scrape_seconds if t > 5.0]
+        assert len(slow) * 20 <= len(scrape_seconds), scrape_seconds
         assert tenant.returncode == 0
         rounds, gone = out.decode().splitlines()
         assert int(rounds) >= DURATION, "the tenant barely ran"
@@ -399,10 +441,15 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
 
         # The gone pods' directories are all removed, and the agent still ticks.
         gone_dirs += [f"{u}_main" for u, _ in churn]
-        with trio.fail_after(90):
+        with trio.move_on_after(90) as waited:
             while any((root / d).exists() for d in gone_dirs):
                 assert agent.proc.poll() is None, agent.output()[-5000:]
                 await trio.sleep(0.2)
+        left = [d for d in gone_dirs if (root / d).exists()]
+        assert not waited.cancelled_caught, (
+            f"{len(left)} gone directories left after 90 s: {left[:5]}; the agent says "
+            + "\n".join(agent.output().splitlines()[-30:])
+        )
         # The hostile pod ends on a hostile annotation: it has no MIG row, the others do.
         fake.modify_pod(evil, annotations={"hami.io/vgpu-mig-allocations": HOSTILE_ANNOTATIONS[0]})
         with trio.fail_after(20):
@@ -421,8 +468,9 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
                 await trio.sleep(0.2)
                 text = await scrape()
         print(
-            f"soak {DURATION:g}s: {len(churn)} churn pods removed (at most {max(pending):g} "
-            f"queued), {scrapes} scrapes, {exchanges} broker exchanges, "
+            f"soak {DURATION:g}s: {flooded['opened']} flood connections, "
+            f"{len(churn)} churn pods removed (at most {max(pending):g} queued), {scrapes} "
+            f"scrapes (slowest {max(scrape_seconds):.2f}s), {exchanges} broker exchanges, "
             f"{tick_count(text) - ticks_before:g} ticks, {len(gone_dirs)} gone directories "
             f"removed, {rounds} tenant rounds, 0 restarts"
         )
