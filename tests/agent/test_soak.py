@@ -371,7 +371,11 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
                     if time.monotonic() - at > CHURN_REMOVED_WITHIN
                     and (root / f"{u}_main").exists()
                 ]
-                assert not late, f"churn directories not removed within {CHURN_REMOVED_WITHIN}s"
+                assert not late, (
+                    f"churn directories not removed within {CHURN_REMOVED_WITHIN}s: "
+                    f"{late[:3]}, {len(churn)} deleted; the agent says\n"
+                    + "\n".join(agent.output().splitlines()[-40:])
+                )
                 value = HOSTILE_ANNOTATIONS[round_ % len(HOSTILE_ANNOTATIONS)]
                 fake.modify_pod(
                     evil,
