@@ -11,6 +11,12 @@ beside the agent the whole time:
 - creates ``.cache`` files whose names carry newlines, carriage returns and terminal escapes
   (no forged log line);
 
+a pod floods the metrics port with 500 connections a second that ask for ``/metrics`` with
+gzip and never read (every scrape still answers, 19 of 20 within 5 s, and every ``/healthz``
+within 5 s), and ordinary pod churn runs beside it: a pod with two ``.cache`` files every
+round, deleted about four rounds later (the removal queue must stay bounded, each directory
+gone within 20 s of its pod's deletion);
+
 and this test, playing another tenant through the API server, cycles one pod's MIG
 allocation annotation and node label through hostile values (40 KB of nesting, lone
 surrogates, wrong types, thousands of rows).
@@ -48,6 +54,14 @@ REPO = Path(__file__).resolve().parents[2]
 GPU_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 GPU_B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
 HOSTILE_REGIONS = 32
+#: Pod churn beside the attack: a churn pod's directory is gone this long after its deletion
+#: at the latest, and the removal queue never holds more than this many.
+CHURN_REMOVED_WITHIN = 20.0
+CHURN_PENDING_MAX = 50
+#: The metrics-port flood beside the attack (connections a second), and how long a
+#: /healthz probe may take during it.
+FLOOD_RATE = 500
+PROBE_WITHIN = 5.0
 CHAIN_DEPTH = 3000
 FILES = 20_000
 
@@ -170,6 +184,15 @@ def samples(text: str, name: str) -> dict[str, float]:
             if sample.name == name and "pod" in sample.labels:
                 found[sample.labels["pod"]] = sample.value
     return found
+
+
+def gauge_value(text: str, name: str, labels: dict[str, str] | None = None) -> float:
+    """The value of the sample ``name`` with exactly ``labels`` (none by default)."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == (labels or {}):
+                return sample.value
+    raise AssertionError(f"no {name}{labels or ''} in the scrape")
 
 
 def tick_count(text: str) -> float:
@@ -304,21 +327,69 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
             cwd=REPO,
             stdout=subprocess.PIPE,
         )
+        # A pod floods the metrics port all along: 500 connections a second from its own
+        # address, each asking for /metrics with gzip and never reading.
+        flood = await trio.lowlevel.open_process(
+            [
+                sys.executable,
+                "-m",
+                "tests.httpflood",
+                f"--port={port}",
+                "--sources=127.0.0.2",
+                f"--rate={FLOOD_RATE}",
+                f"--seconds={DURATION}",
+                "--nice=10",
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+        )
         scrapes = exchanges = 0
+        scrape_seconds: list[float] = []
         ticks_before = tick_count(text)
+        # Ordinary pod churn beside the attack: short jobs whose directories the remover must
+        # keep up with (each pod lives about four rounds, then is deleted).
+        churn: list[tuple[str, float]] = []  # (uid, deleted at) of deleted churn pods
+        alive: list[str] = []
+        pending: list[float] = []
         try:
             end = time.monotonic() + DURATION
             round_ = 0
             while time.monotonic() < end:
                 assert agent.proc.poll() is None, agent.output()[-5000:]
+                uid = fake.add_pod(f"churn-{round_}", namespace="team-churn", labels=node)
+                (root / f"{uid}_main").mkdir()
+                for cache in ("a.cache", "b.cache"):
+                    write_region(root / f"{uid}_main" / cache, RegionSpec(uuids=[GPU_B]))
+                alive.append(uid)
+                if len(alive) > 4:
+                    gone_uid = alive.pop(0)
+                    fake.delete_pod(gone_uid)
+                    churn.append((gone_uid, time.monotonic()))
+                late = [
+                    u
+                    for u, at in churn
+                    if time.monotonic() - at > CHURN_REMOVED_WITHIN
+                    and (root / f"{u}_main").exists()
+                ]
+                assert not late, (
+                    f"churn directories not removed within {CHURN_REMOVED_WITHIN}s: "
+                    f"{late[:3]}, {len(churn)} deleted; the agent says\n"
+                    + "\n".join(agent.output().splitlines()[-40:])
+                )
                 value = HOSTILE_ANNOTATIONS[round_ % len(HOSTILE_ANNOTATIONS)]
                 fake.modify_pod(
                     evil,
                     annotations={"hami.io/vgpu-mig-allocations": value},
                     labels={"hami.io/vgpu-node": "\ud800" * (round_ % 2) + "node-a"},
                 )
+                started = time.monotonic()
                 text = await scrape()
+                scrape_seconds.append(time.monotonic() - started)
                 scrapes += 1
+                with trio.fail_after(PROBE_WITHIN):
+                    probe = await trio.to_thread.run_sync(http_get, port, "/healthz")
+                assert probe[0] == 200, probe
+                pending.append(gauge_value(text, "hami_trio_monitor_removals_pending"))
                 got = samples(text, "hami_vgpu_memory_used_bytes")
                 assert {p: got.get(p) for p in good} == want_memory
                 mig_rows = samples(text, "hami_mig_device_info")
@@ -340,21 +411,49 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
                         break
                     out += chunk
                 await tenant.wait()
+            with trio.fail_after(60):
+                flood_out = b""
+                while flood.stdout is not None:
+                    chunk = await flood.stdout.receive_some(1 << 16)
+                    if not chunk:
+                        break
+                    flood_out += chunk
+                await flood.wait()
         finally:
-            if tenant.returncode is None:
-                tenant.kill()
-                await tenant.wait()
+            for process in (tenant, flood):
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+        flooded = json.loads(flood_out.decode().splitlines()[-1])
+        assert flooded["opened"] >= FLOOD_RATE * DURATION / 4, flooded  # it really flooded
+        # Prometheus is not starved: at least 19 of 20 scrapes answered within 5 s.
+        slow = [t for t in scrape_seconds if t > 5.0]
+        assert len(slow) * 20 <= len(scrape_seconds), scrape_seconds
         assert tenant.returncode == 0
         rounds, gone = out.decode().splitlines()
         assert int(rounds) >= DURATION, "the tenant barely ran"
         gone_dirs = gone.split()
         assert len(gone_dirs) >= 2
 
+        # The removal queue stayed bounded under the churn: it did not grow over the run.
+        third = max(1, len(pending) // 3)
+        assert max(pending) <= CHURN_PENDING_MAX, pending
+        assert sum(pending[-third:]) / third <= sum(pending[:third]) / third + 10, pending
+        for gone_uid in alive:
+            fake.delete_pod(gone_uid)
+            churn.append((gone_uid, time.monotonic()))
+
         # The gone pods' directories are all removed, and the agent still ticks.
-        with trio.fail_after(90):
+        gone_dirs += [f"{u}_main" for u, _ in churn]
+        with trio.move_on_after(90) as waited:
             while any((root / d).exists() for d in gone_dirs):
                 assert agent.proc.poll() is None, agent.output()[-5000:]
                 await trio.sleep(0.2)
+        left = [d for d in gone_dirs if (root / d).exists()]
+        assert not waited.cancelled_caught, (
+            f"{len(left)} gone directories left after 90 s: {left[:5]}; the agent says "
+            + "\n".join(agent.output().splitlines()[-30:])
+        )
         # The hostile pod ends on a hostile annotation: it has no MIG row, the others do.
         fake.modify_pod(evil, annotations={"hami.io/vgpu-mig-allocations": HOSTILE_ANNOTATIONS[0]})
         with trio.fail_after(20):
@@ -366,8 +465,16 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
         assert scrapes >= DURATION / 2
         assert exchanges == scrapes
 
+        removed = gauge_value(text, "hami_trio_monitor_removals_total", {"outcome": "removed"})
+        assert removed >= len(churn)
+        with trio.fail_after(20):
+            while gauge_value(text, "hami_trio_monitor_removals_pending") != 0:
+                await trio.sleep(0.2)
+                text = await scrape()
         print(
-            f"soak {DURATION:g}s: {scrapes} scrapes, {exchanges} broker exchanges, "
+            f"soak {DURATION:g}s: {flooded['opened']} flood connections, "
+            f"{len(churn)} churn pods removed (at most {max(pending):g} queued), {scrapes} "
+            f"scrapes (slowest {max(scrape_seconds):.2f}s), {exchanges} broker exchanges, "
             f"{tick_count(text) - ticks_before:g} ticks, {len(gone_dirs)} gone directories "
             f"removed, {rounds} tenant rounds, 0 restarts"
         )
