@@ -53,7 +53,7 @@ def measure(n: int) -> Figures:
 
     from hami_trio.agent.debug import MonitorSummary, PodWatchSummary, debug_state, render
     from hami_trio.goparse import BindAddress
-    from hami_trio.metrics.http import RouteAnswer, serve_routes
+    from hami_trio.http.routes import RouteAnswer, serve_routes
     from hami_trio.monitor.loop import Monitor, MonitorConfig
     from hami_trio.pods.source import PodInfo, StaticPodSource
 

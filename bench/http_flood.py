@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Metrics-port flood benchmark: do Prometheus and the probes get through while pods flood it?
 
-Starts the real ``serve_http`` (hami_trio.metrics.http) in a child process on 127.0.0.1,
+Starts the real ``serve_http`` (hami_trio.metrics.endpoint) in a child process on 127.0.0.1,
 serving a registry of about ``--body-kib`` KiB of text (kept lines, as the agent's collector
 hands over per container; by default 3.9 MB, a large node) with the agent's freshness window
 (``--freshness``, its monitor interval).  Per scenario, flood processes (tests/httpflood.py)
@@ -65,8 +65,8 @@ def serve(body_kib: int, freshness: float) -> None:
     from prometheus_client import CollectorRegistry
 
     from hami_trio.goparse import parse_bind_address
+    from hami_trio.metrics.endpoint import serve_http
     from hami_trio.metrics.exposition import FastGauge
-    from hami_trio.metrics.http import serve_http
 
     line = 'bench_series{{pod="pod-{0:06d}-abcdefghijklmnop",container="c-{0:06d}"}} {1}\n'
     count = body_kib * 1024 // len(line.format(0, 123456))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Metrics-port stall benchmark: what clients that never read cost the agent's HTTP server.
 
-Starts the real ``serve_http`` (hami_trio.metrics.http) in a child process on 127.0.0.1,
+Starts the real ``serve_http`` (hami_trio.metrics.endpoint) in a child process on 127.0.0.1,
 serving a registry whose text exposition is about ``--body-kib`` KiB (a node with a few
 hundred containers).  For each client count (default 300 and 1000) it opens that many TCP
 connections with a 4 KiB receive buffer, sends ``GET /metrics`` on each and never reads the
@@ -55,7 +55,7 @@ def serve(body_kib: int) -> None:
     from prometheus_client import CollectorRegistry, Gauge
 
     from hami_trio.goparse import parse_bind_address
-    from hami_trio.metrics.http import serve_http
+    from hami_trio.metrics.endpoint import serve_http
 
     _raise_nofile()
     registry = CollectorRegistry()

@@ -183,7 +183,7 @@ async def scrape_latency(monitor: object) -> Figures:
 
     from hami_trio.goparse import BindAddress
     from hami_trio.metrics.collector import BuildInfoCollector, VGpuCollector
-    from hami_trio.metrics.http import render_metrics, serve_http
+    from hami_trio.metrics.endpoint import render_metrics, serve_http
     from hami_trio.monitor.loop import Monitor
     from hami_trio.pods.source import StaticPodSource
 
@@ -272,7 +272,7 @@ async def render_after_ticks(monitor: object, change: Callable[[int], None]) -> 
     from prometheus_client import CollectorRegistry
 
     from hami_trio.metrics.collector import BuildInfoCollector, VGpuCollector
-    from hami_trio.metrics.http import render_metrics
+    from hami_trio.metrics.endpoint import render_metrics
     from hami_trio.monitor.loop import Monitor
     from hami_trio.pods.source import StaticPodSource
 
@@ -318,7 +318,7 @@ async def pod_scrape_cost(monitor: object) -> Figures:
 
     from hami_trio.goparse import BindAddress
     from hami_trio.metrics.collector import VGpuCollector
-    from hami_trio.metrics.http import render_metrics, serve_http
+    from hami_trio.metrics.endpoint import render_metrics, serve_http
     from hami_trio.monitor.loop import Monitor
     from hami_trio.pods.source import PodInfo, StaticPodSource
 

@@ -44,8 +44,8 @@ from hami_trio.goparse import (
     parse_go_duration,
     parse_seconds,
 )
+from hami_trio.http.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT, HttpLimits
 from hami_trio.logs import LogFormat
-from hami_trio.metrics.http import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT, HttpLimits
 from hami_trio.metrics.pods import parse_label_allowlist
 from hami_trio.monitor.loop import (
     DEFAULT_INTERVAL,

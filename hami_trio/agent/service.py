@@ -53,8 +53,9 @@ from hami_trio.monitor.loop import Monitor
 from hami_trio.pods.source import PodInfo, PodSource, StaticPodSource
 
 if TYPE_CHECKING:
+    from hami_trio.http.routes import Route, RouteAnswer
+    from hami_trio.metrics.endpoint import ReadinessCheck
     from hami_trio.metrics.hostgpu import NvmlLibrary
-    from hami_trio.metrics.http import ReadinessCheck, Route, RouteAnswer
     from hami_trio.pods.watch import KubernetesPodSource
 
 __all__ = ["TASKS", "AgentHandle", "mig_dir_detached", "run_agent", "serve_agent"]
@@ -193,7 +194,7 @@ class AgentHandle:
 class _MigLockDirCheck:
     """Readiness line ``mig-lock-dir``: fails, with the reason, while the directory is refused.
 
-    Informational (see :func:`~hami_trio.metrics.http.make_app`): it never makes the agent
+    Informational (see :func:`~hami_trio.metrics.endpoint.make_handler`): it never makes the agent
     unready, because whoever can create the directory first could otherwise take the node's
     metrics endpoint out of the Service.
     """
@@ -395,9 +396,10 @@ class _Agent:
             serve_lock_parent_watch,
         )
         from hami_trio.broker.server import serve_broker
+        from hami_trio.http.routes import serve_routes
         from hami_trio.metrics.collector import BuildInfoCollector, VGpuCollector
+        from hami_trio.metrics.endpoint import progress_check, serve_http
         from hami_trio.metrics.hostgpu import HostGpuSampler, serve_nvml_release
-        from hami_trio.metrics.http import progress_check, serve_http, serve_routes
         from hami_trio.metrics.pods import PodCollector
 
         config = self.config

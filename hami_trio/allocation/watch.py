@@ -173,7 +173,7 @@ class LockParentWatch:
 class MountPointCheck:
     """Readiness line ``lock-mount-point``: fails while ``hostpid`` is not immutable.
 
-    Informational (see :func:`~hami_trio.metrics.http.make_app`): a node whose filesystem
+    Informational (see :func:`~hami_trio.metrics.endpoint.make_handler`): a node whose filesystem
     cannot hold the flag still serves its metrics; the line says why.
     """
 

@@ -1,7 +1,7 @@
 """The Prometheus collector of the vGPU monitor: upstream's metrics from the latest snapshots.
 
 How this works: :class:`VGpuCollector` is registered into the agent's registry; each scrape
-(in a worker thread, see :mod:`hami_trio.metrics.http`) reads the monitor's latest completed
+(in a worker thread, see :mod:`hami_trio.metrics.endpoint`) reads the monitor's latest completed
 tick (immutable snapshots, never a ``.cache`` file), the pod source (pod names and, with
 Kubernetes, the MIG allocation annotations) and the NVML sampler, and renders HAMi
 vGPUmonitor's families with their names, help texts and labels through the fast renderer of

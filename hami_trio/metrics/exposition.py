@@ -1,7 +1,7 @@
 """The measured fast renderer of the vGPU families: label strings rendered once, rows written as
 exposition text directly (prometheus-client's own generic renderer is several times slower on
 thousands of series).  :class:`FastGauge` is a ``Metric``, so prometheus-client's encoders
-still serve the OpenMetrics and protobuf formats; :func:`hami_trio.metrics.http.render_metrics`
+still serve the OpenMetrics and protobuf formats; :func:`hami_trio.metrics.endpoint.render_metrics`
 uses :meth:`FastGauge.exposition` for the text format.  See docs/metrics.md.
 """
 

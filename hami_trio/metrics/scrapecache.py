@@ -29,6 +29,8 @@ from typing import Final, Literal
 import trio
 from prometheus_client.exposition import choose_encoder
 
+from hami_trio.http.server import PART as SERVER_PART
+
 __all__ = [
     "CACHEABLE_CONTENT_TYPES",
     "Body",
@@ -45,8 +47,8 @@ Render = Callable[[str, list[str]], tuple[list[bytes], str]]
 #: How a body came to a scrape: rendered for it, or shared (kept or in flight).
 Answer = Literal["rendered", "shared"]
 
-#: Bytes of body compressed in one call (and sent in one part by the endpoint).
-PART: Final = 65536
+#: Bytes of body compressed in one call: the server's part (sent in one by the endpoint).
+PART: Final = SERVER_PART
 
 # What Prometheus (2.x and 3.x) and prometheus-client's own clients ask for.
 _CACHED_ACCEPTS: Final = (

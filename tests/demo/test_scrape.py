@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from hami_trio.broker.stats import BrokerCollector, BrokerStats
 from hami_trio.demo.scrape import AgentSample, bucket_quantile, parse_metrics
 from hami_trio.metrics.collector import VGpuCollector
-from hami_trio.metrics.http import render_metrics
+from hami_trio.metrics.endpoint import render_metrics
 from hami_trio.monitor.loop import Monitor, MonitorConfig
 from hami_trio.pods.source import StaticPodSource
 from hami_trio.testing.regions import MemoryUse, ProcSlot, RegionSpec, UtilUse, write_region

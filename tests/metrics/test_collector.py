@@ -21,8 +21,8 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from hami_trio.metrics.collector import BuildInfoCollector, VGpuCollector
+from hami_trio.metrics.endpoint import render_metrics
 from hami_trio.metrics.hostgpu import HostGpuSampler
-from hami_trio.metrics.http import render_metrics
 from hami_trio.pods.source import PodInfo, StaticPodSource
 from tests.metrics.fake_nvml import FakeGpu, FakeNvml
 from tests.metrics.promtool import lint

@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry
 from hami_trio.goparse import BindAddress
 from hami_trio.metrics import pods as pods_module
 from hami_trio.metrics.collector import VGpuCollector
+from hami_trio.metrics.endpoint import serve_http
 from hami_trio.metrics.exportstate import NODE_LABEL
-from hami_trio.metrics.http import serve_http
 from hami_trio.metrics.pods import (
     MAX_ALLOWLIST,
     MAX_LABEL_VALUE_CHARS,

@@ -35,8 +35,8 @@ from trio.testing import MockClock
 
 from hami_trio.goparse import BindAddress
 from hami_trio.metrics.collector import BuildInfoCollector, VGpuCollector
+from hami_trio.metrics.endpoint import HttpStats, serve_http
 from hami_trio.metrics.hostgpu import HostGpuSampler
-from hami_trio.metrics.http import HttpStats, serve_http
 from hami_trio.monitor.loop import Monitor, MonitorConfig, serve_monitor
 from hami_trio.pods.access import KubeAccess
 from hami_trio.pods.source import PodSource, StaticPodSource

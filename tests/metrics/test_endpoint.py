@@ -1,4 +1,4 @@
-"""Tests of the HTTP endpoint over real HTTP on 127.0.0.1 (urllib in a worker thread)."""
+"""Tests of the metrics port over real HTTP on 127.0.0.1 (urllib in a worker thread)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,9 @@ import time
 import tracemalloc
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
@@ -28,50 +26,13 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from hami_trio.errors import ConfigError, HttpServerError
+from hami_trio.errors import HttpServerError
 from hami_trio.goparse import BindAddress, parse_bind_address
-from hami_trio.metrics.http import (
-    HttpLimits,
-    HttpStats,
-    ReadinessCheck,
-    Route,
-    RouteAnswer,
-    _Server,
-    open_listen_socket,
-    progress_check,
-    serve_http,
-    serve_routes,
-)
+from hami_trio.http.server import HttpLimits
+from hami_trio.metrics.endpoint import HttpStats, ReadinessCheck, progress_check, serve_http
+from tests.http.client import fetch, until
 from tests.httpflood import flooding
 from tests.procnet import stalled_client, tcp_connections
-
-
-@dataclass
-class Response:
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
-
-
-def _fetch(url: str, method: str, headers: Mapping[str, str]) -> Response:
-    request = urllib.request.Request(url, method=method, headers=dict(headers))
-    try:
-        with urllib.request.urlopen(request, timeout=10) as reply:
-            return Response(
-                reply.status, {k.lower(): v for k, v in reply.headers.items()}, reply.read()
-            )
-    except urllib.error.HTTPError as error:
-        with error:
-            return Response(
-                error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
-            )
-
-
-async def fetch(
-    port: int, path: str, *, method: str = "GET", headers: Mapping[str, str] | None = None
-) -> Response:
-    url = f"http://127.0.0.1:{port}{path}"
-    return await trio.to_thread.run_sync(_fetch, url, method, headers or {})
 
 
 class ThreadRecorder(Collector):
@@ -225,21 +186,6 @@ async def test_busy_port_fails_before_started(
         await nursery.start(serve_http, BindAddress("127.0.0.1", port), registry)
 
 
-def test_unresolvable_host() -> None:
-    with pytest.raises(HttpServerError, match="cannot resolve"):
-        open_listen_socket(BindAddress("no-such-host.invalid", 0))
-
-
-def test_all_interfaces_binding() -> None:
-    sock = open_listen_socket(parse_bind_address(":0"))
-    try:
-        assert sock.getsockname()[1] > 0
-        if sock.family == socket.AF_INET6:  # dual stack: IPv4 clients reach it too
-            assert sock.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 0
-    finally:
-        sock.close()
-
-
 async def test_all_interfaces_serves_ipv4(
     nursery: trio.Nursery, registry: CollectorRegistry
 ) -> None:
@@ -332,15 +278,6 @@ def many_fds() -> Iterator[None]:
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-async def _until(predicate: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        await trio.sleep(0.05)
-    return True
-
-
 @pytest.mark.slow
 async def test_stalled_clients_are_bounded_and_a_scrape_still_answers(
     nursery: trio.Nursery, many_fds: None
@@ -372,7 +309,7 @@ async def test_stalled_clients_are_bounded_and_a_scrape_still_answers(
         # from one render to the next: 1 KiB of slack per body (CI once saw 58 bytes over in all).
         assert stats.held_bytes <= limits.max_connections * (len(during.body) + 1024)
         assert _rss_mib() - rss_before < 60  # 1000 held bodies would be over 120 MiB
-        assert await _until(lambda: tcp_connections(port) == 0, seconds=8)
+        assert await until(lambda: tcp_connections(port) == 0, seconds=8)
         assert stats.open == 0
         assert stats.held_bytes == 0
         assert stats.counts["response_timeout"] >= 1
@@ -542,20 +479,20 @@ async def test_a_peer_at_its_cap_is_refused_and_the_busiest_peer_pays_at_the_tot
     port = await start(nursery, registry, stats=stats, limits=limits)
     socks = [await trio.to_thread.run_sync(_connect, port, "127.0.0.2") for _ in range(3)]
     try:
-        assert await _until(lambda: stats.open == 3, seconds=5)
+        assert await until(lambda: stats.open == 3, seconds=5)
         socks.append(await trio.to_thread.run_sync(_connect, port, "127.0.0.2"))
         assert await trio.to_thread.run_sync(_closed_unread, socks[-1])
         assert stats.counts["peer_cap"] == 1
         socks.append(await trio.to_thread.run_sync(_connect, port, "127.0.0.3"))
-        assert await _until(lambda: stats.open == 4, seconds=5)  # the total cap
+        assert await until(lambda: stats.open == 4, seconds=5)  # the total cap
         # A peer with none takes from the busiest (3 >= 0 + 2): its oldest connection goes.
         assert (await fetch(port, "/healthz")).status == 200
         assert stats.counts["evicted"] == 1
         assert await trio.to_thread.run_sync(_closed_unread, socks[0])
         # 127.0.0.3 holds 1, the busiest 2: not enough more to take from (no churn).
-        assert await _until(lambda: stats.open == 3, seconds=5)
+        assert await until(lambda: stats.open == 3, seconds=5)
         socks.append(await trio.to_thread.run_sync(_connect, port, "127.0.0.4"))
-        assert await _until(lambda: stats.open == 4, seconds=5)
+        assert await until(lambda: stats.open == 4, seconds=5)
         socks.append(await trio.to_thread.run_sync(_connect, port, "127.0.0.3"))
         assert await trio.to_thread.run_sync(_closed_unread, socks[-1])
         assert stats.counts["rejected"] == 1
@@ -596,7 +533,7 @@ async def test_an_answer_making_progress_is_never_the_one_evicted(nursery: trio.
             partial(stalled_client, port, source="127.0.0.2")
         )
         try:
-            assert await _until(lambda: stats.open == 2, seconds=5)
+            assert await until(lambda: stats.open == 2, seconds=5)
             # The reader is the older connection of the busiest peer, but it makes progress.
             assert (await fetch(port, "/healthz")).status == 200
             assert stats.counts["evicted"] == 1
@@ -729,129 +666,10 @@ async def test_keep_alive_reuses_the_connection_and_idles_out(
     assert stats.counts["response_timeout"] == stats.counts["header_timeout"] == 0
     idle = await trio.to_thread.run_sync(_idle_after_one_request, port)
     assert 0.4 < idle < 3
-    assert await _until(lambda: stats.open == 0, seconds=2)
-
-
-async def test_limits_are_validated() -> None:
-    with pytest.raises(ConfigError, match="max_connections"):
-        HttpLimits(max_connections=0)
-    with pytest.raises(ConfigError, match="request_timeout"):
-        HttpLimits(request_timeout=0)
-
-
-# -- serve_routes: the debug port's server ----------------------------------------------------
-
-
-async def start_routes(
-    nursery: trio.Nursery,
-    routes: Mapping[str, Route],
-    *,
-    limits: HttpLimits | None = None,
-    stats: HttpStats | None = None,
-) -> int:
-    bound: BindAddress = await nursery.start(
-        partial(
-            serve_routes,
-            parse_bind_address("127.0.0.1:0"),
-            routes,
-            name="--test-bind",
-            limits=limits,
-            stats=stats,
-        )
-    )
-    return bound.port
-
-
-async def test_routes_answer_from_a_worker_thread_and_refuse_the_rest(
-    nursery: trio.Nursery,
-) -> None:
-    threads: list[int] = []
-    queries: list[Mapping[str, list[str]]] = []
-
-    def state(params: Mapping[str, list[str]]) -> RouteAnswer:
-        threads.append(threading.get_ident())
-        queries.append(params)
-        return 200, b"application/json", b'{"ok": true}\n'
-
-    def broken(params: Mapping[str, list[str]]) -> RouteAnswer:
-        raise RuntimeError("route bug")
-
-    port = await start_routes(nursery, {"/debug/state": state, "/debug/broken": broken})
-    reply = await fetch(port, "/debug/state?pod=a&pod=b&namespace=team")
-    assert (reply.status, reply.body) == (200, b'{"ok": true}\n')
-    assert reply.headers["content-type"] == "application/json"
-    assert queries == [{"pod": ["a", "b"], "namespace": ["team"]}]
-    assert threads
-    assert threading.get_ident() not in threads
-    head = await fetch(port, "/debug/state", method="HEAD")
-    assert (head.status, head.body, head.headers["content-length"]) == (200, b"", "13")
-    assert (await fetch(port, "/healthz")).body == b"ok\n"
-    missing = await fetch(port, "/metrics")  # never the metrics
-    assert missing.status == 404
-    assert missing.body == b"not found; paths: /debug/broken, /debug/state, /healthz\n"
-    post = await fetch(port, "/debug/state", method="POST")
-    assert (post.status, post.headers["allow"]) == (405, "GET, HEAD")
-    # A route that fails costs its request, never the server.
-    assert (await fetch(port, "/debug/broken")).status == 500
-    assert (await fetch(port, "/debug/state")).status == 200
-
-
-async def test_routes_keep_the_servers_limits(nursery: trio.Nursery) -> None:
-    stats = HttpStats()
-    limits = HttpLimits(max_connections=4, request_timeout=2.0)
-    port = await start_routes(
-        nursery,
-        {"/x": lambda params: (200, b"text/plain", b"x" * (1 << 20))},
-        limits=limits,
-        stats=stats,
-    )
-    socks = [stalled_client(port, "/x")[0] for _ in range(4)]
-    try:
-        assert await _until(lambda: stats.open == 4, seconds=5)
-        socks.append(stalled_client(port, "/x")[0])  # one more than the cap: one goes
-        assert await _until(lambda: stats.counts["evicted"] == 1, seconds=5)
-        assert stats.open == 4
-        # Clients that never read are closed at the request deadline, their answers freed.
-        assert await _until(lambda: stats.open == 0, seconds=10)
-        assert stats.counts["response_timeout"] == 4
-        assert stats.held_bytes == 0
-    finally:
-        for sock in socks:
-            sock.close()
-    assert (await fetch(port, "/healthz")).status == 200
-
-
-async def test_routes_busy_address_names_what_configured_it(nursery: trio.Nursery) -> None:
-    port = await start_routes(nursery, {})
-    with pytest.raises(
-        HttpServerError, match=f"^--test-bind 127.0.0.1:{port}: cannot listen on 127.0.0.1:{port}"
-    ):
-        await nursery.start(
-            partial(serve_routes, BindAddress("127.0.0.1", port), {}, name="--test-bind")
-        )
+    assert await until(lambda: stats.open == 0, seconds=2)
 
 
 # --- answers in parts -----------------------------------------------------------------------
-
-
-async def serve_app(nursery: trio.Nursery, app: Any, stats: HttpStats) -> int:
-    """Serve one ASGI ``app`` with the metrics port's server on 127.0.0.1; the port."""
-
-    async def serve(task_status: trio.TaskStatus[int]) -> None:
-        sock = open_listen_socket(parse_bind_address("127.0.0.1:0"))
-        try:
-            sock.listen(16)
-            listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-            async with trio.open_nursery() as inner:
-                inner.start_soon(
-                    _Server(app, HttpLimits(), stats, "test").accept_loop, listener, inner
-                )
-                task_status.started(int(sock.getsockname()[1]))
-        finally:
-            sock.close()
-
-    port: int = await nursery.start(serve)
-    return port
 
 
 def _get_counting(port: int, path: str = "/metrics") -> tuple[bytes, int, bytes]:
@@ -910,46 +728,3 @@ async def test_a_large_answer_goes_out_in_parts_and_is_never_held_whole(
     headed = await fetch(port, "/metrics", method="HEAD")
     assert (headed.status, headed.body) == (200, b"")
     assert int(headed.headers["content-length"]) == len(whole)
-
-
-async def test_parts_are_sent_as_they_come_and_a_failure_half_way_ends_the_connection(
-    nursery: trio.Nursery,
-) -> None:
-    went_out = trio.Event()
-    fail = [False]
-
-    async def app(scope: Mapping[str, Any], receive: Any, send: Any) -> None:
-        headers = [(b"content-type", b"text/plain"), (b"content-length", b"12")]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": b"first ", "more_body": True})
-        await went_out.wait()  # the client has the first part before the second exists
-        if fail[0]:
-            raise RuntimeError("the application failed half-way")
-        await send({"type": "http.response.body", "body": b"second", "more_body": False})
-
-    stats = HttpStats()
-    port = await serve_app(nursery, app, stats)
-
-    def first_part_then_rest() -> bytes:
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            data = b""
-            while not data.endswith(b"first "):
-                data += sock.recv(4096)
-            trio.from_thread.run_sync(went_out.set)
-            while chunk := sock.recv(4096):
-                data += chunk
-                if data.endswith(b"second"):
-                    break
-        return data
-
-    answer = await trio.to_thread.run_sync(first_part_then_rest)
-    assert answer.startswith(b"HTTP/1.1 200")
-    assert answer.endswith(b"\r\n\r\nfirst second")
-    assert stats.held_bytes == 0
-    went_out = trio.Event()
-    fail[0] = True
-    cut = await trio.to_thread.run_sync(first_part_then_rest)
-    assert cut.endswith(b"first ")  # the head and the first part, then the close
-    assert stats.held_bytes == 0
-    assert stats.open == 0 or await _until(lambda: stats.open == 0, seconds=5)
