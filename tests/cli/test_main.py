@@ -53,3 +53,30 @@ def test_a_command_builds_only_its_own_module(capsys: pytest.CaptureFixture[str]
     err = capsys.readouterr().err
     assert "invalid choice: 'hostpd'" in err
     assert all(f"'{command}'" in err for command in COMMANDS)
+
+
+def test_an_unknown_option_before_the_command_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--bogus"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --bogus" in err
+    assert "required" not in err
+
+
+def test_a_subcommand_error_prints_the_subcommands_usage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["status", "--bogus"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: hami-trio status ")
+    assert "hami-trio status: error: unrecognized arguments: --bogus" in err
+
+
+def test_no_help_text_shows_a_doubled_percent_sign() -> None:
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in subparsers.choices.items():
+        assert "%%" not in sub.format_help(), name

@@ -227,3 +227,15 @@ def test_monitor_runs_in_the_foreground_and_stops_on_sigterm(tmp_path: Path) -> 
     assert proc.returncode == 0, err
     assert "SIGTERM, stopping after the current tick" in err
     assert (tmp_path / "mig").is_dir()
+
+
+def test_monitor_prints_its_configuration_without_the_broker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LIBVGPU_HOSTPID_BROKER", "1")  # monitor never runs the broker
+    hook = str(tmp_path / "hook")
+    assert main(["monitor", "--no-kubernetes", f"--hook-path={hook}", "--print-config"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["hook_path"] == hook
+    assert doc["broker"]["enabled"] is False
+    assert doc["sources"]["hook_path"] == "--hook-path"
