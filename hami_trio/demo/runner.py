@@ -632,6 +632,8 @@ async def run_demo(
                 f"{options.duration:g}s (monitor interval {options.interval:g}s); Ctrl-C stops",
                 f"root {root}{' (temporary)' if temporary else ''}",
                 record.sandbox,
+                "memory and SM figures are simulated: each workload writes them into its "
+                "shared region as HAMi-core would (no GPU is used)",
             ]
             + [f"  {s.name:<12} priority {s.priority} on {s.gpu[:8]}: {s.role}" for s in specs]
         )
