@@ -74,7 +74,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "path", nargs="?", default=LOCK_PARENT, metavar="PATH", help=f"default {LOCK_PARENT}"
     )
     prep.add_argument(
-        "--owner", type=_uid, default=0, help="trusted UID of the directory and its parent (0)"
+        "--owner",
+        type=_uid,
+        default=0,
+        metavar="UID",
+        help="trusted UID of the directory and its parent (0)",
     )
     prep.add_argument(
         "--broker",

@@ -143,9 +143,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"the agent's debug address (default: ${DEBUG_ENV}, else "
         f"{DEFAULT_DEBUG_BIND_ADDRESS})",
     )
-    parser.add_argument("--namespace", help="only the containers of this namespace")
+    parser.add_argument("--namespace", metavar="NS", help="only the containers of this namespace")
     parser.add_argument(
-        "--pod", help="only the containers of pods of this name (narrow with --namespace)"
+        "--pod",
+        metavar="NAME",
+        help="only the containers of pods of this name (narrow with --namespace)",
     )
     parser.add_argument(
         "--timeout",
