@@ -28,7 +28,7 @@ from typing import Final, Protocol, cast
 from hami_trio._version import __version__
 from hami_trio.cli.failure import describe, path_values
 
-__all__ = ["COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "IMAGE_INFO", "build_parser", "image_lines", "main"]
 
 CommandFunc = Callable[[argparse.Namespace], int]
 #: A command's ``paths`` default: ``(flag, path)`` of every path it uses.
@@ -65,11 +65,33 @@ class _Registrar(Protocol):
         """Add this module's subcommands; each sets ``func`` with ``set_defaults``."""
 
 
+#: Where deploy/Dockerfile writes its OCI labels (version, revision, source, base) in the image.
+IMAGE_INFO: Final = "/usr/share/hami-trio/image.json"
+
+
+def image_lines(path: str = IMAGE_INFO) -> list[str]:
+    """What the image's labels say, as ``version`` prints it; nothing outside the image."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            info = json.load(file)
+    except (OSError, ValueError):
+        return []
+    if not isinstance(info, dict):
+        return []
+    fields = ("version", "revision", "source", "base")
+    return [f"image {field} {info.get(field, 'unknown')}" for field in fields]
+
+
 def _cmd_version(args: argparse.Namespace) -> int:
-    """Print hami-trio's version and those of the libraries it runs on (for bug reports)."""
+    """Print hami-trio's version, its image's labels when it runs in the image, and the
+    versions of the libraries it runs on (for bug reports)."""
     from importlib import metadata
 
     print(f"hami-trio {__version__}")
+    for line in image_lines():
+        print(line)
     print(f"python {sys.version.split()[0]}")
     for dist in ("trio", "prometheus-client", "kubernetes-asyncio", "trio-asyncio", "h11"):
         try:
