@@ -7,7 +7,7 @@ temporary paths) ``--runs`` times and reports, as medians:
 
 - start -> ready: from ``exec`` to the structured ``ready`` event (broker listening, monitor
   ticked once, metrics bound) - what a rolling update waits for on each node;
-- idle RSS right after ready (``VmRSS`` of the agent process); target (issue 15) <= 60 MiB,
+- idle RSS right after ready (``VmRSS`` of the agent process); target <= 60 MiB,
   printed beside the figure - nothing to watch, so it is the memory floor: the interpreter,
   trio, prometheus_client and hami-trio's own modules (kubernetes-asyncio, aiohttp and
   trio-asyncio load only with the pod watch; tests/test_imports.py keeps them out);
@@ -37,7 +37,7 @@ if str(REPO) not in sys.path:
 from bench._results import Results  # noqa: E402
 from tests.agent.agent import AgentProcess, agent_env  # noqa: E402
 
-#: Idle agent, RSS right after ready (issue 15).
+#: Idle agent, RSS right after ready.
 TARGET_IDLE_RSS_MIB = 60.0
 
 

@@ -15,7 +15,7 @@ and as separate processes; and a slowloris run: K idle connections, each re-open
 the server drops it, beside 8 legitimate client threads (one exchange per millisecond each,
 500 ms client deadline), reporting the share of legitimate requests answered.
 
-Targets (issue 2): at concurrency 64, at least 0.7x the reference's exchanges/s and a p99 no
+Targets: at concurrency 64, at least 0.7x the reference's exchanges/s and a p99 no
 worse than 2x; with 2000 idle connections, >= 99 % of legitimate requests answered, p99 < 10 ms.
 
 Usage::
@@ -386,7 +386,7 @@ def main() -> int:
                 notes=[
                     f"Medians over {repeat} run(s) per scenario and server; ratio = ours / "
                     "ref (exchanges/s: higher is better; p99: lower is better).",
-                    "Targets (issue 2): c=64 threads rate >= 0.70x ref and p99 <= 2x ref; "
+                    "Targets: c=64 threads rate >= 0.70x ref and p99 <= 2x ref; "
                     "slowloris 2000 idle: >= 99 % answered, p99 < 10 ms.",
                 ],
             )

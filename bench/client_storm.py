@@ -10,7 +10,7 @@ bind-mounted read-only (tests/clients/harness.py builds that sandbox).
 
 It prints, per storm size, every run's wall time (release -> last answer) and per-client
 latency, the medians, and the environment.  A run counts only if every client succeeded and
-got a distinct host PID.  Goal (issue 3): 1000 clients in under 1 s on the 2-core
+got a distinct host PID.  Goal: 1000 clients in under 1 s on the 2-core
 development machine.  Figures are noisy when other work shares the machine: compare medians,
 and rerun on a quiet machine before quoting them.
 
@@ -138,7 +138,7 @@ def main() -> int:
                 "wall: release of the storm -> last answer; every client runs as uid 65534 "
                 "in its own PID namespace behind a read-only bind mount (the container setup).",
                 "A run counts only if every client got an answer and every PID is distinct. "
-                "Goal (issue 3): 1000 clients in under 1 s.",
+                "Goal: 1000 clients in under 1 s.",
             ],
         )
     return 1 if failed else 0

@@ -12,7 +12,7 @@ at the same instant and each must learn its host PID:
 - **fallback model**: what HAMi-core does without the broker - a node-wide lock (``flock`` on
   one file) held for a critical section per process, by default 60 ms: the cost of a cold
   primary-context retain (~31 ms) + release (~12 ms) and the work around it measured upstream
-  (HAMi issue 1662, see UPSTREAM.md "Why the broker matters").
+  (HAMi issue 1662, https://github.com/Project-HAMi/HAMi/issues/1662).
   bench/fallback_model.c; ``--hold-ms`` changes the critical section.
 
 Both broker storms run like a container: uid 65534 in their own PID namespace, the broker

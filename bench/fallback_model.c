@@ -8,7 +8,7 @@
  * pass through that critical section one at a time.
  * Upstream measured the critical section at about 60 ms per process on a cold GPU: primary
  * context retain about 31 ms plus release about 12 ms plus the surrounding work
- * (HAMi issue 1662; UPSTREAM.md, "Why the broker matters").
+ * (HAMi issue 1662, https://github.com/Project-HAMi/HAMi/issues/1662).
  *
  * This program reproduces the shape without a GPU: it forks N processes that block on one
  * pipe, releases them at the same instant (exactly like `hostpid-client --storm N`), and

@@ -34,7 +34,7 @@ functions the measured checkout has.
 Two workloads: ``static`` (files unchanged between ticks: the monitor's change detection
 applies) and ``churn`` (before every tick each container's slot 0 and ``recent_kernel``
 change, as they do on a node where every container launches kernels; the change is made
-outside the timed section).  Targets (issue 15): N=1000 churn tick <= 15 ms, static <= 8 ms,
+outside the timed section).  Targets: N=1000 churn tick <= 15 ms, static <= 8 ms,
 N=2000 / N=1000 <= 2.1x, CPU per busy container per tick <= 15 us, the tick never holding
 the loop more than 20 ms at N=2000 churn; no regression of the scrape (<= 45 ms at N=1000)
 or of the peak RSS (<= 65 MB at N=1000).
@@ -785,7 +785,7 @@ def report(results: dict[str, dict[str, Figures]], ticks: int) -> None:
 
 
 def targets(mode: str, by_n: dict[str, Figures]) -> None:
-    """The target lines of issue 15 for one workload."""
+    """The target lines for one workload."""
     if "100" in by_n:
         # The monitor's memory floor: this process holds the monitor, the scrape and no more.
         rss = by_n["100"]["peak_rss_mb"]
@@ -875,7 +875,7 @@ def summarise(res: Results, results: dict[str, dict[str, Figures]], ticks: int) 
             f"v1 files, {DEVICES} devices, {LIVE_SLOTS} live slots; {ticks} ticks after warm-up, "
             "each N in a fresh process. static: files unchanged between ticks; churn: every "
             "container's slot 0 and recent_kernel change before each tick.",
-            "Targets (issue 15): N=1000 churn tick <= 15 ms, static <= 8 ms; N=2000 <= 2.1x "
+            "Targets: N=1000 churn tick <= 15 ms, static <= 8 ms; N=2000 <= 2.1x "
             "N=1000; CPU per container <= 15 us; longest stretch <= 20 ms at N=2000 churn; "
             "scrape (plain text over real HTTP, 101 scrapes) <= 45 ms and peak RSS <= 65 MB "
             "at N=1000.",

@@ -263,7 +263,10 @@ def _open_directory(directory: Path, owner: int, euid: int, mode: int = DIR_MODE
         if st.st_uid != owner:
             raise _refuse(directory, f"directory is owned by uid {st.st_uid}, expected {owner}")
         if stat.S_IMODE(st.st_mode) != mode:
-            os.fchmod(fd, mode)
+            try:
+                os.fchmod(fd, mode)
+            except OSError as exc:
+                raise _refuse(directory, f"cannot set mode {mode:04o}: {exc.strerror}") from exc
     except BaseException:
         os.close(fd)
         raise

@@ -71,9 +71,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Prepare the shared lock parent safely (descriptor-based, no symlinks, "
         "trusted owner, exact mode 01777). Exit 0 when done, 1 with the reason when refused.",
     )
-    prep.add_argument("path", nargs="?", default=LOCK_PARENT, help=f"default {LOCK_PARENT}")
     prep.add_argument(
-        "--owner", type=_uid, default=0, help="trusted UID of the directory and its parent (0)"
+        "path", nargs="?", default=LOCK_PARENT, metavar="PATH", help=f"default {LOCK_PARENT}"
+    )
+    prep.add_argument(
+        "--owner",
+        type=_uid,
+        default=0,
+        metavar="UID",
+        help="trusted UID of the directory and its parent (0)",
     )
     prep.add_argument(
         "--broker",
@@ -98,9 +104,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "parent, apply the host PID broker mounts and env (switch: "
         f"{BROKER_SWITCH_ENV}=1 in this command's environment) and write the result on stdout.",
     )
-    alloc.add_argument("--lock-parent", default=LOCK_PARENT, help=f"default {LOCK_PARENT}")
+    alloc.add_argument(
+        "--lock-parent", default=LOCK_PARENT, metavar="DIR", help=f"default {LOCK_PARENT}"
+    )
     alloc.add_argument("--owner", type=_uid, default=0, help="trusted UID of the lock parent (0)")
     alloc.add_argument(
-        "--broker-host-dir", default=BROKER_HOST_DIR, help=f"default {BROKER_HOST_DIR}"
+        "--broker-host-dir",
+        default=BROKER_HOST_DIR,
+        metavar="DIR",
+        help=f"default {BROKER_HOST_DIR}",
     )
     alloc.set_defaults(func=_cmd_allocate)

@@ -18,7 +18,12 @@ from pathlib import Path
 import trio
 
 from hami_trio._trio import STOP_SIGNALS, freeze_startup_objects, relay_signals
-from hami_trio.broker.boundary import DEFAULT_SOCKET_PATH, LOCK_DIR_SUFFIX, LOCK_NAME
+from hami_trio.broker.boundary import (
+    DEFAULT_SOCKET_PATH,
+    LOCK_DIR_SUFFIX,
+    LOCK_NAME,
+    default_lock_path,
+)
 from hami_trio.broker.server import (
     DEFAULT_EXCHANGE_DEADLINE,
     DEFAULT_MAX_EXCHANGES,
@@ -84,7 +89,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     parser.add_argument("--log-level", default="info", metavar="LEVEL")
-    parser.set_defaults(func=_cmd_broker)
+    parser.set_defaults(func=_cmd_broker, paths=_used_paths)
+
+
+def _used_paths(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The socket and the lock (beside the socket's directory unless ``--lock-path``)."""
+    if args.lock_path is not None:
+        lock = ("--lock-path", str(args.lock_path))
+    else:
+        lock = ("--lock-path default", str(default_lock_path(args.socket_path)))
+    return [("--socket-path", str(args.socket_path)), lock]
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:

@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=(
             "Start the agent (broker, monitor, /metrics) on a private root and N simulated "
             "HAMi-core workloads in container-like sandboxes; show a live table, create the "
-            "MIG lock at 40%% of the run and remove it at 60%%, then summarise.  Best as root "
+            "MIG lock at 40 % of the run and remove it at 60 %, then summarise.  Best as root "
             "(as CI runs it); otherwise each workload needs an unprivileged user namespace."
         ),
     )

@@ -20,6 +20,7 @@ from hami_trio.broker.client import (
     NoAnswer,
     query_host_pid,
 )
+from hami_trio.cli.failure import flagged
 from hami_trio.errors import ConfigError
 
 __all__ = ["register"]
@@ -34,7 +35,8 @@ def _cmd_hostpid(args: argparse.Namespace) -> int:
     )
     if isinstance(result, NoAnswer):
         print(result.reason.value)
-        print(f"hami-trio hostpid: {result}", file=sys.stderr)
+        line = flagged(str(result), [("--socket-path", str(args.socket_path))])
+        print(f"hami-trio hostpid: {line}", file=sys.stderr)
         return 1
     print(result)
     return 0
@@ -55,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--socket-path",
         default=str(DEFAULT_CLIENT_SOCKET_PATH),
+        metavar="PATH",
         help="the broker socket as seen from here (default: %(default)s)",
     )
     parser.add_argument(

@@ -6,8 +6,11 @@ turns expected errors into one clear line and an exit status:
 
 - 0: success;
 - 1: the command ran and failed (:class:`~hami_trio.errors.HamiTrioError`, e.g. a broker that
-  refused to start, a ``.cache`` file that does not load);
-- 2: bad usage or configuration (argparse errors, :class:`~hami_trio.errors.ConfigError`).
+  refused to start, a ``.cache`` file that does not load; an :class:`OSError` on a path it
+  was given, named with its flag by :mod:`hami_trio.cli.failure`, also inside an exception
+  group);
+- 2: bad usage or configuration (argparse errors, :class:`~hami_trio.errors.ConfigError`);
+  an unknown option or a bad value of a subcommand prints that subcommand's usage.
 
 A command function takes the parsed ``argparse.Namespace`` and returns the exit status.
 A run imports only the module of the command it names (:data:`COMMANDS`); ``--help``, no
@@ -23,11 +26,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Final, Protocol, cast
 
 from hami_trio._version import __version__
-from hami_trio.errors import ConfigError, HamiTrioError
+from hami_trio.cli.failure import describe, path_values
 
-__all__ = ["COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "IMAGE_INFO", "build_parser", "image_lines", "main"]
 
 CommandFunc = Callable[[argparse.Namespace], int]
+#: A command's ``paths`` default: ``(flag, path)`` of every path it uses.
+PathsFunc = Callable[[argparse.Namespace], list[tuple[str, str]]]
 
 # Modules that contribute subcommands, in the order they appear in --help.
 _COMMAND_MODULES: tuple[str, ...] = (
@@ -60,11 +65,33 @@ class _Registrar(Protocol):
         """Add this module's subcommands; each sets ``func`` with ``set_defaults``."""
 
 
+#: Where deploy/Dockerfile writes its OCI labels (version, revision, source, base) in the image.
+IMAGE_INFO: Final = "/usr/share/hami-trio/image.json"
+
+
+def image_lines(path: str = IMAGE_INFO) -> list[str]:
+    """What the image's labels say, as ``version`` prints it; nothing outside the image."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            info = json.load(file)
+    except (OSError, ValueError):
+        return []
+    if not isinstance(info, dict):
+        return []
+    fields = ("version", "revision", "source", "base")
+    return [f"image {field} {info.get(field, 'unknown')}" for field in fields]
+
+
 def _cmd_version(args: argparse.Namespace) -> int:
-    """Print hami-trio's version and those of the libraries it runs on (for bug reports)."""
+    """Print hami-trio's version, its image's labels when it runs in the image, and the
+    versions of the libraries it runs on (for bug reports)."""
     from importlib import metadata
 
     print(f"hami-trio {__version__}")
+    for line in image_lines():
+        print(line)
     print(f"python {sys.version.split()[0]}")
     for dist in ("trio", "prometheus-client", "kubernetes-asyncio", "trio-asyncio", "h11"):
         try:
@@ -109,21 +136,55 @@ def _command_of(argv: Sequence[str]) -> str | None:
     return None
 
 
+_TOP_LEVEL_OPTIONS: Final = frozenset({"-h", "--help", "--version"})
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return cast(argparse.ArgumentParser, action.choices[command])
+    raise LookupError(command)  # pragma: no cover - build_parser always adds them
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """Parse ``argv``; an unknown option is named (before the command: not "COMMAND is
+    required"; after it: with the subcommand's usage, not the top level's)."""
+    for arg in argv:
+        if not arg.startswith("-"):
+            break
+        if arg.split("=", 1)[0] not in _TOP_LEVEL_OPTIONS:
+            parser.error(f"unrecognized arguments: {arg}")
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def _given_paths(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> list[tuple[str, str]]:
+    """The paths an error is matched against: the command's own list (``set_defaults(paths=
+    ...)``: derived defaults too, e.g. the broker's lock), then its path flags' values."""
+    own = cast("PathsFunc | None", getattr(args, "paths", None))
+    listed = [] if own is None else own(args)
+    return listed + path_values(_subparser(parser, args.command), args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hami-trio`` console script; returns the exit status."""
     if argv is None:
         argv = sys.argv[1:]
     parser = build_parser(_command_of(argv))
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     func = cast(CommandFunc, args.func)
     try:
         return func(args)
-    except ConfigError as exc:
-        print(f"hami-trio {args.command}: {exc}", file=sys.stderr)
-        return 2
-    except HamiTrioError as exc:
-        print(f"hami-trio {args.command}: {exc}", file=sys.stderr)
-        return 1
+    except Exception as exc:
+        failure = describe(exc, _given_paths(parser, args))
+        if failure is None:
+            raise
+        print(f"hami-trio {args.command}: {failure.line}", file=sys.stderr)
+        return failure.status
 
 
 if __name__ == "__main__":

@@ -108,7 +108,17 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
     from hami_trio.agent.config import resolve_config
     from hami_trio.cli.run import run_agent_process
 
-    return run_agent_process(resolve_config(args, os.environ, with_broker=False))
+    config = resolve_config(args, os.environ, with_broker=False)
+    if args.print_config:
+        print(json.dumps(config.to_json(), indent=2))
+        return 0
+    return run_agent_process(config)
+
+
+def _used_paths(args: argparse.Namespace) -> list[tuple[str, str]]:
+    from hami_trio.cli.run import used_paths
+
+    return used_paths(args)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -118,7 +128,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="print one HAMi-core .cache file (format, control words, per-device usage)",
         description="Read one HAMi-core shared-region file read-only and print it.",
     )
-    inspect.add_argument("file", help="the .cache file")
+    inspect.add_argument("file", metavar="FILE", help="the .cache file")
     inspect.add_argument("--json", action="store_true", help="print one JSON document")
     inspect.set_defaults(func=_cmd_inspect)
 
@@ -132,4 +142,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ),
     )
     add_agent_arguments(monitor, broker=False)
-    monitor.set_defaults(func=_cmd_monitor)
+    monitor.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved configuration (JSON: values, where each came from, warnings) "
+        "and exit without starting anything",
+    )
+    monitor.set_defaults(func=_cmd_monitor, paths=_used_paths)

@@ -17,18 +17,26 @@ import json
 import logging
 import os
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
 
 from hami_trio._trio import freeze_startup_objects, raise_young_gc_threshold
-from hami_trio.agent.config import AgentConfig, add_agent_arguments, check_host, resolve_config
+from hami_trio.agent.config import (
+    SETTINGS,
+    AgentConfig,
+    add_agent_arguments,
+    check_host,
+    resolve_config,
+)
+from hami_trio.errors import ConfigError
 from hami_trio.logs import configure_logging
 
 if TYPE_CHECKING:
     from hami_trio.metrics.hostgpu import NvmlLibrary
 
-__all__ = ["register", "run_agent_process"]
+__all__ = ["register", "run_agent_process", "used_paths"]
 
 logger = logging.getLogger("hami_trio.daemon")
 
@@ -62,6 +70,33 @@ def run_agent_process(config: AgentConfig, *, nvml: NvmlLibrary | None = None) -
     return 0
 
 
+def used_paths(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """``(flag or variable, path)`` of every path ``run`` or ``monitor`` uses, defaults and the
+    broker's lock beside its socket included: what an error on a path is matched against
+    (:mod:`hami_trio.cli.failure`)."""
+    try:
+        config = resolve_config(args, os.environ, with_broker=args.command == "run")
+    except ConfigError:
+        return []
+    flags = {setting.dest: setting.flag for setting in SETTINGS}
+
+    def origin(dest: str) -> str:
+        source = config.sources.get(dest, "default")
+        return f"{flags[dest]} default" if source == "default" else source
+
+    paths = [
+        (origin("hook_path"), config.monitor.hook_path),
+        (origin("mig_lock_path"), config.monitor.mig_lock_path),
+        (origin("lock_parent_path"), config.lock_parent_path),
+    ]
+    if config.kubernetes is not None and config.kubernetes.kubeconfig is not None:
+        paths.append((origin("kubeconfig"), Path(config.kubernetes.kubeconfig)))
+    if config.broker is not None:
+        paths.append((origin("broker_socket_path"), config.broker.socket_path))
+        paths.append((origin("broker_lock_path"), config.broker.resolved_lock_path))
+    return [(label, str(path)) for label, path in paths]
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     config = resolve_config(args, os.environ)
     if args.print_config:
@@ -90,4 +125,4 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="print the resolved configuration (JSON: values, where each came from, warnings) "
         "and exit without starting anything",
     )
-    parser.set_defaults(func=_cmd_run)
+    parser.set_defaults(func=_cmd_run, paths=used_paths)

@@ -444,6 +444,10 @@ def render_summary(summary: dict[str, Any]) -> list[str]:
     )
     lines.append("")
     lines.append("Priority blocking (the monitor's feedback through the shared regions):")
+    lines.append(
+        "  (a block lasts until the monitor's next ticks see no recent kernel of the higher "
+        "priority, so it outlasts that activity by a tick or two)"
+    )
     for row in summary["blocking"]:
         if not row["outranked_by"]:
             lines.append(

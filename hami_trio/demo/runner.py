@@ -145,6 +145,25 @@ def _prepare_root(root: Path | None) -> tuple[Path, bool]:
     return root, False
 
 
+def check_output(path: Path | None) -> None:
+    """Check before the run that ``--summary-json`` can be written at its end.
+
+    Raises:
+        ConfigError: its directory is missing or not writable, or it is a directory.
+    """
+    if path is None:
+        return
+    parent = path.absolute().parent
+    if os.path.isdir(path):
+        raise ConfigError(f"--summary-json: {path} is a directory")
+    if not parent.is_dir():
+        raise ConfigError(f"--summary-json: {parent} does not exist or is not a directory")
+    target = path if path.exists() else parent
+    if not os.access(target, os.W_OK):
+        what = "file" if target == path else "directory"
+        raise ConfigError(f"--summary-json: cannot write the {what} {target}")
+
+
 def _sandbox_words(as_root: bool) -> str:
     if as_root:
         return (
@@ -579,11 +598,13 @@ async def run_demo(
         The summary document (:func:`~hami_trio.demo.report.summarize`).
 
     Raises:
+        ConfigError: ``--summary-json`` cannot be written (checked before the run).
         HamiTrioError: the agent or a workload could not start (one clear message); nothing
             is left running.
     """
     out = sys.stdout if out is None else out
     specs = default_workloads(options.workloads)
+    check_output(options.summary_json)
     root, temporary = _prepare_root(options.root)
     try:
         paths = DemoPaths(root)
@@ -611,6 +632,8 @@ async def run_demo(
                 f"{options.duration:g}s (monitor interval {options.interval:g}s); Ctrl-C stops",
                 f"root {root}{' (temporary)' if temporary else ''}",
                 record.sandbox,
+                "memory and SM figures are simulated: each workload writes them into its "
+                "shared region as HAMi-core would (no GPU is used)",
             ]
             + [f"  {s.name:<12} priority {s.priority} on {s.gpu[:8]}: {s.role}" for s in specs]
         )

@@ -3,7 +3,8 @@
 How this works: :func:`render_frame` and :func:`render_plain` are pure - the
 :class:`~hami_trio.demo.report.RunRecord` (the workloads' reports and the latest scrape) in,
 lines out.  :class:`Screen` writes them: on a terminal it redraws the frame in place with
-plain ANSI sequences (no curses), clipped to the terminal's width so that no line wraps; on
+plain ANSI sequences (no curses), fitted to the terminal's width (columns give way in
+:data:`DROP_ORDER`, and what is still too long is clipped) so that no line wraps; on
 anything else it prints the story's events as they happen and a status block every few
 seconds.  Colour only on a terminal, never with ``NO_COLOR``.  What each column means:
 docs/demo.md (What you see).
@@ -13,13 +14,21 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Mapping, Sequence
 from typing import Final, TextIO
 
 from hami_trio.demo.report import RunRecord, WorkloadRecord, format_events
 from hami_trio.demo.scrape import AgentSample, ContainerMetrics
 
-__all__ = ["Screen", "format_bytes", "render_frame", "render_plain"]
+__all__ = [
+    "DROP_ORDER",
+    "Screen",
+    "fit_columns",
+    "format_bytes",
+    "render_frame",
+    "render_plain",
+]
 
 _GIB: Final = float(1 << 30)
 _RESET: Final = "\x1b[0m"
@@ -100,8 +109,64 @@ def _agent_line(record: RunRecord, sample: AgentSample | None, now: float) -> st
     return f"agent: broker answered {answered} | monitor {monitor}"
 
 
+#: The table's columns: key, header, width, alignment, separator before it.
+_COLUMNS: Final = (
+    ("name", "CONTAINER", 12, "<", ""),
+    ("prio", "PRIO", 4, ">", " "),
+    ("gpu", "GPU", 8, "<", "  "),
+    ("memory", "MEMORY USED / LIMIT", 21, "<", "  "),
+    ("sm", "SM%", 4, ">", " "),
+    ("core", "CORE%", 5, ">", " "),
+    ("procs", "PROCS", 9, "<", "  "),
+    ("state", "STATE", 13, "<", "  "),
+    ("rk", "RK", 3, ">", " "),
+    ("sw", "SW", 2, ">", " "),
+    ("host", "HOST PID", 14, ">", "  "),
+    ("sandbox", "PID IN SANDBOX", 14, ">", "  "),
+)
+#: What gives way, in this order, when the table is wider than the terminal: the memory
+#: column first becomes ``1.0/8.0 GiB`` (and the host PID column narrower), then the PID in
+#: the sandbox, the GPU, the core limit and the priority are left out (the banner names
+#: each workload's GPU and priority).
+DROP_ORDER: Final = ("sandbox", "gpu", "core", "prio")
+_SHORT_MEMORY_WIDTH: Final = 13
+
+Column = tuple[str, str, int, str, str]
+
+
+def _table_width(columns: Sequence[Column]) -> int:
+    return sum(len(sep) + size for _, _, size, _, sep in columns)
+
+
+def fit_columns(width: int | None) -> tuple[list[Column], bool]:
+    """The columns that fit in ``width`` characters, and whether memory is abbreviated
+    (:data:`DROP_ORDER`); None: every column, in full."""
+    columns = list(_COLUMNS)
+    if width is None or _table_width(columns) <= width:
+        return columns, False
+    narrow = {"memory": ("MEM USED/LIMIT", _SHORT_MEMORY_WIDTH), "host": ("HOST PID", 10)}
+    columns = [(k, *narrow.get(k, (t, n)), a, p) for k, t, n, a, p in columns]
+    for key in DROP_ORDER:
+        if _table_width(columns) <= width:
+            break
+        columns = [c for c in columns if c[0] != key]
+    return columns, True
+
+
+def _short_memory(used: int | None, limit: int | None) -> str:
+    if used is None and limit is None:
+        return "-"
+    shown = ["-" if v is None else f"{v / _GIB:.1f}" for v in (used, limit)]
+    return f"{shown[0]}/{shown[1]} GiB"
+
+
 def render_frame(
-    record: RunRecord, sample: AgentSample | None, now: float, *, colour: bool = False
+    record: RunRecord,
+    sample: AgentSample | None,
+    now: float,
+    *,
+    colour: bool = False,
+    width: int | None = None,
 ) -> list[str]:
     """The live table and the latest events (pure).
 
@@ -110,6 +175,8 @@ def render_frame(
         sample: the latest scrape of ``/metrics`` (None before the first).
         now: ``time.monotonic()``.
         colour: add ANSI colours.
+        width: the terminal's width: columns give way in :data:`DROP_ORDER` until the table
+            fits, and the legend is wrapped; None: every column, in full.
     """
 
     def paint(text: str, name: str) -> str:
@@ -122,44 +189,60 @@ def render_frame(
         f"metrics: {record.metrics_url or '-'}",
         _agent_line(record, sample, now),
         "",
-        f"{'CONTAINER':<12} {'PRIO':>4}  {'GPU':<8}  {'MEMORY USED / LIMIT':<21} {'SM%':>4} "
-        f"{'CORE%':>5}  {'PROCS':<9}  {'STATE':<13} {'RK':>3} {'SW':>2}  {'HOST PID':>14}  "
-        f"{'PID IN SANDBOX':>14}",
     ]
+    rows: list[dict[str, str]] = []
     for w in record.workloads:
         metrics = _metrics(w, sample)
-        memory = f"{format_bytes(metrics.memory_used)} / {format_bytes(metrics.memory_limit)}"
-        sm = "-" if metrics.sm_util is None else str(metrics.sm_util)
-        state = _state(w, now)
-        shown = f"{state:<13}"
-        if state.startswith("BLOCKED") or state == "FAILED":
-            shown = paint(shown, "red")
-        elif state == "running":
-            shown = paint(shown, "green")
         status = w.status or {}
-        rk = status.get("recent_kernel", "-")
-        sw = status.get("utilization_switch", "-")
-        sandbox_pid = "-" if w.attached is None else str(w.attached.get("pid"))
-        core = "-" if metrics.core_limit is None else str(metrics.core_limit)
-        procs = _processes(metrics)
-        shown_procs = f"{procs:<9}"
-        if metrics.processes.get("exited") or metrics.processes.get("unknown"):
-            shown_procs = paint(shown_procs, "yellow")
-        lines.append(
-            f"{w.spec.name:<12} {w.spec.priority:>4}  {_short_gpu(w.spec.gpu):<8}  {memory:<21} "
-            f"{sm:>4} {core:>5}  {shown_procs}  {shown} {rk!s:>3} {sw!s:>2}  "
-            f"{_host_pid(w):>14}  {sandbox_pid:>14}"
+        rows.append(
+            {
+                "name": w.spec.name,
+                "prio": str(w.spec.priority),
+                "gpu": _short_gpu(w.spec.gpu),
+                "memory": f"{format_bytes(metrics.memory_used)} / "
+                f"{format_bytes(metrics.memory_limit)}",
+                "memory_short": _short_memory(metrics.memory_used, metrics.memory_limit),
+                "sm": "-" if metrics.sm_util is None else str(metrics.sm_util),
+                "core": "-" if metrics.core_limit is None else str(metrics.core_limit),
+                "procs": _processes(metrics),
+                "state": _state(w, now),
+                "rk": str(status.get("recent_kernel", "-")),
+                "sw": str(status.get("utilization_switch", "-")),
+                "host": _host_pid(w),
+                "sandbox": "-" if w.attached is None else str(w.attached.get("pid")),
+                "warn_procs": "1"
+                if metrics.processes.get("exited") or metrics.processes.get("unknown")
+                else "",
+            }
         )
-    lines += [
-        "",
-        paint(
-            "MEMORY, SM%, CORE% (core limit), PROCS (processes by host PID state) = the agent's "
-            "/metrics | STATE, RK = recent_kernel, SW = utilization_switch = the workload's own "
-            "shared region",
-            "dim",
-        ),
-        "events:",
-    ]
+
+    def colour_of(key: str, row: Mapping[str, str]) -> str | None:
+        if key == "state":
+            if row["state"].startswith("BLOCKED") or row["state"] == "FAILED":
+                return "red"
+            return "green" if row["state"] == "running" else None
+        if key == "procs" and row["warn_procs"]:
+            return "yellow"
+        return None
+
+    columns, short_memory = fit_columns(width)
+    header = "".join(f"{sep}{title:{align}{size}}" for _, title, size, align, sep in columns)
+    lines.append(header.rstrip())
+    for row in rows:
+        cells = []
+        for key, _, size, align, sep in columns:
+            text = row["memory_short" if key == "memory" and short_memory else key]
+            cell = f"{text:{align}{size}}"
+            name = colour_of(key, row)
+            cells.append(sep + (paint(cell, name) if name is not None else cell))
+        lines.append("".join(cells).rstrip())
+    legend = (
+        "MEMORY, SM%, CORE% (core limit), PROCS (processes by host PID state) = the agent's "
+        "/metrics, of simulated workloads (no GPU) | STATE, RK = recent_kernel, SW = "
+        "utilization_switch = the workload's own shared region"
+    )
+    wrapped = textwrap.wrap(legend, width) if width is not None else [legend]
+    lines += ["", *(paint(line, "dim") for line in wrapped), "events:"]
     recent = format_events(record.events, record.start)[-_EVENT_LINES:]
     lines += [f"  {line}" for line in recent]
     return lines
@@ -217,7 +300,8 @@ class Screen:
         """Show the current state: redraw the frame, or print new events and, every
         ``plain_period`` seconds, a status block."""
         if self.tty:
-            self._redraw(render_frame(record, sample, now, colour=self.colour))
+            width = _usable_width()
+            self._redraw(render_frame(record, sample, now, colour=self.colour, width=width))
             return
         events = record.events[self._events_printed :]
         self._events_printed = len(record.events)
@@ -229,7 +313,7 @@ class Screen:
             self.print(render_plain(record, sample, now))
 
     def _redraw(self, lines: Sequence[str]) -> None:
-        width = max(shutil.get_terminal_size().columns - 1, 20)
+        width = _usable_width()
         parts = []
         if self._drawn:
             parts.append(f"\x1b[{self._drawn}F")  # to the first column, ``drawn`` lines up
@@ -247,6 +331,11 @@ class Screen:
         if self.tty and self._drawn:
             self._out.write("\x1b[?25h")
             self._out.flush()
+
+
+def _usable_width() -> int:
+    """The terminal's columns less one (a line that fills the last column wraps on some)."""
+    return max(shutil.get_terminal_size().columns - 1, 20)
 
 
 def _clip(line: str, width: int) -> str:

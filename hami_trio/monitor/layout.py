@@ -16,6 +16,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Final
 
 from hami_trio.errors import CacheFileRejected
 
@@ -36,6 +37,7 @@ __all__ = [
     "RejectReason",
     "clamp_proc_num",
     "classify",
+    "is_initialising",
     "layout_for_size",
 ]
 
@@ -269,6 +271,19 @@ def layout_for_size(size: int) -> Layout | None:
     return None
 
 
+#: The reason given for a file whose magic is still 0: HAMi-core creates the file,
+#: sizes it and writes the magic last, so a new file reads as zeros for a moment.
+_MAGIC_ZERO: Final = (
+    "HAMi-core has not finished initialising it (it loads once it has), or it is not a "
+    "HAMi-core shared-region file"
+)
+
+
+def is_initialising(exc: CacheFileRejected) -> bool:
+    """Whether a rejection is of a file whose magic is still 0 (see :func:`classify`)."""
+    return exc.reason == RejectReason.MAGIC and _MAGIC_ZERO in str(exc)
+
+
 def classify(size: int, header: bytes | bytearray | memoryview) -> Layout:
     """Apply the loader rule (module docstring) to a file's size and first bytes.
 
@@ -291,12 +306,18 @@ def classify(size: int, header: bytes | bytearray | memoryview) -> Layout:
     if len(header) < HEADER_SIZE:
         raise ValueError(f"classify needs the first {HEADER_SIZE} bytes, got {len(header)}")
     magic, major, minor = HEADER.unpack_from(header)
+    if magic == 0:
+        raise CacheFileRejected(
+            RejectReason.MAGIC,
+            f"cache file magic flag not matched: found 0, expected {MAGIC} (size {size}): "
+            f"{_MAGIC_ZERO}",
+        )
     if magic != MAGIC:
         raise CacheFileRejected(
             RejectReason.MAGIC,
             f"cache file magic flag not matched: found {magic}, expected {MAGIC} "
-            f"(size {size}, header version {major}.{minor}); HAMi-core and the monitor "
-            "disagree on the format, upgrade them together",
+            f"(size {size}, header version {major}.{minor}): not a HAMi-core shared-region "
+            "file (every HAMi-core version writes that magic), or a damaged one",
         )
     if V0.sizeof <= size < V1.sizeof:
         return V0

@@ -37,7 +37,13 @@ from hami_trio._text import quote
 from hami_trio.errors import CacheFileRejected
 from hami_trio.logs import RateLimiter
 from hami_trio.monitor.feedback import Write
-from hami_trio.monitor.layout import LAYOUTS, MAX_SLOTS, ControlField, RejectReason
+from hami_trio.monitor.layout import (
+    LAYOUTS,
+    MAX_SLOTS,
+    ControlField,
+    RejectReason,
+    is_initialising,
+)
 from hami_trio.monitor.region import RegionHandle
 from hami_trio.monitor.remover import (
     MAX_TREES_PER_STEP,
@@ -53,6 +59,7 @@ from hami_trio.pods.source import PodSource
 __all__ = [
     "CHECKPOINT_EVERY",
     "CONTAINER_WORK",
+    "INITIALISING_TICKS",
     "INLINE_DIR_BYTES",
     "MAX_CONTAINER_WORK",
     "MAX_DIR_ENTRIES",
@@ -78,6 +85,8 @@ CHECKPOINT_EVERY = WORK_PER_CHECKPOINT // CONTAINER_WORK
 MAX_DIR_ENTRIES = 1024
 #: A directory whose ``st_size`` exceeds this is listed in a worker thread, not on the loop.
 INLINE_DIR_BYTES = 64 << 10
+#: Ticks a file may read with magic 0 (HAMi-core creating it) before that is a rejection.
+INITIALISING_TICKS = 2
 #: The most one container adds to the count: its units, one listing, one region read.
 MAX_CONTAINER_WORK = (
     CONTAINER_WORK
@@ -192,6 +201,7 @@ class _Tracked:
         "cache_path",
         "directory",
         "handle",
+        "initialising",
         "key",
         "last_reason",
         "last_state",
@@ -207,6 +217,8 @@ class _Tracked:
         self.cache_path = ""
         self.last_reason: RejectReason | None = None
         self.last_state: ContainerState | None = None
+        #: Consecutive ticks its file read with magic 0 (HAMi-core still initialising it).
+        self.initialising = 0
 
     def drop_handle(self) -> None:
         if self.handle is not None:
@@ -644,6 +656,11 @@ class ContainerLister:
         kept = self._kept(tracked, exc)
         if kept is not None:
             return kept
+        if is_initialising(exc) and tracked.initialising < INITIALISING_TICKS:
+            # A new file HAMi-core has not written its magic to yet: no cache file to use
+            # for a tick or two, not a rejection (no warning, not counted).
+            tracked.initialising += 1
+            return self._state(tracked, ContainerStatus.NO_CACHE_FILE)
         reason = RejectReason(exc.reason)
         if reason != tracked.last_reason:
             tracked.last_reason = reason
@@ -750,6 +767,7 @@ class ContainerLister:
             self._work += handle.read_bytes
             return self._reject(tracked, exc)
         self._work += handle.read_bytes
+        tracked.initialising = 0
         if tracked.last_reason is not None:
             logger.info("container %s: cache file loads again", tracked.key.dirname)
             tracked.last_reason = None

@@ -406,4 +406,5 @@ def test_run_and_monitor_take_the_same_flags_but_the_broker_ones() -> None:
     run = parser.parse_args(["run"])
     monitor = parser.parse_args(["monitor"])
     broker_dests = {s.dest for s in SETTINGS if s.broker}
-    assert set(vars(run)) - set(vars(monitor)) == broker_dests | {"print_config"}
+    assert set(vars(run)) - set(vars(monitor)) == broker_dests
+    assert monitor.print_config is False  # both print their resolved configuration

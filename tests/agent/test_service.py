@@ -495,7 +495,7 @@ async def test_pod_lifecycle_and_export_states_through_the_agent(
             "waiting": hook / "containers" / f"{broken}_waiting",  # no cuInit yet: no file
         }
         dirs["rejected"].mkdir()
-        (dirs["rejected"] / "x.cache").write_bytes(b"\0" * 64)  # not HAMi-core's magic
+        (dirs["rejected"] / "x.cache").write_bytes(b"\x01" * 64)  # not HAMi-core's magic
         dirs["waiting"].mkdir()
         kubeconfig = write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{fake.port}")
         config = config_for(

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench._storm import parse_storm
+from tests.tools import need
 
 ROOT = Path(__file__).resolve().parents[2]
 PYSTORM = ROOT / "bench" / "pystorm.py"
@@ -34,6 +35,7 @@ int cuDevicePrimaryCtxRelease_v2(int dev) { (void)dev; usleep(5000); return 0; }
 
 
 def _fake_cuda(tmp_path: Path, init_result: int = 0) -> Path:
+    need("gcc", "builds a fake CUDA driver")
     source = tmp_path / "fake_cuda.c"
     source.write_text(FAKE_CUDA)
     lib = tmp_path / f"libcuda-fake-{init_result}.so"
@@ -85,6 +87,7 @@ def test_real_cuda_path_against_a_fake_driver(tmp_path: Path) -> None:
 
 
 def test_fallback_model_serialises_the_critical_section(tmp_path: Path) -> None:
+    need("gcc", "builds the fallback model")
     model = tmp_path / "fallback_model"
     subprocess.run(
         [

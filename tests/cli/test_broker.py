@@ -84,7 +84,7 @@ def test_startup_refusal_is_one_clear_line(socket_path: Path) -> None:
     )
     assert proc.returncode == 1
     assert proc.stderr == (
-        f"hami-trio broker: {socket_path}: path is a regular file, not a socket; "
+        f"hami-trio broker: --socket-path {socket_path}: path is a regular file, not a socket; "
         "refusing to replace it\n"
     )
     assert socket_path.read_text() == "data"
@@ -102,8 +102,8 @@ def test_second_broker_is_refused_and_first_keeps_running(socket_path: Path) -> 
         )
         assert second.returncode == 1
         assert second.stderr.strip() == (
-            f"hami-trio broker: {default_lock_path(socket_path)}: lock is held: "
-            "another broker is running"
+            f"hami-trio broker: --lock-path default {default_lock_path(socket_path)}: "
+            "lock is held: another broker is running"
         )
         assert blocking_exchange(socket_path) == encode_response(os.getpid())
         first.terminate()
@@ -212,7 +212,7 @@ def test_lock_path_flag_is_used_and_checked(socket_path: Path, base_dir: Path) -
         )
         assert second.returncode == 1
         assert second.stderr.strip() == (
-            f"hami-trio broker: {lock}: lock is held: another broker is running"
+            f"hami-trio broker: --lock-path {lock}: lock is held: another broker is running"
         )
     finally:
         proc.terminate()

@@ -16,7 +16,7 @@ def test_no_answer_prints_the_reason_and_exits_1(
     assert main(["hostpid", "--socket-path", str(path), "--ignore-switch"]) == 1
     out, err = capsys.readouterr()
     assert out == "missing\n"
-    assert err.startswith("hami-trio hostpid: missing: ")
+    assert err.startswith(f"hami-trio hostpid: --socket-path {path}: missing: ")
     assert str(path.parent) in err
 
 

@@ -138,14 +138,18 @@ def test_inspect_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "<unused>" in out
 
 
-@pytest.mark.parametrize("kind", ["garbage", "symlink", "fifo", "missing", "mislayout"])
+@pytest.mark.parametrize("kind", ["garbage", "zero", "symlink", "fifo", "missing", "mislayout"])
 def test_inspect_bad_file_exits_1_with_the_reason(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
 ) -> None:
     path = tmp_path / "x.cache"
     if kind == "garbage":
         path.write_bytes(b"\x01" * 100)
-        expected = "magic flag not matched: found 16843009"
+        expected = "magic flag not matched: found 16843009, expected 19920718 (size 100, header "
+        expected += "version 16843009.16843009): not a HAMi-core shared-region file"
+    elif kind == "zero":
+        path.write_bytes(b"\0" * 100)
+        expected = "found 0, expected 19920718 (size 100): HAMi-core has not finished initialising"
     elif kind == "symlink":
         region(tmp_path / "real.cache")
         path.symlink_to(tmp_path / "real.cache")
@@ -227,3 +231,15 @@ def test_monitor_runs_in_the_foreground_and_stops_on_sigterm(tmp_path: Path) -> 
     assert proc.returncode == 0, err
     assert "SIGTERM, stopping after the current tick" in err
     assert (tmp_path / "mig").is_dir()
+
+
+def test_monitor_prints_its_configuration_without_the_broker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LIBVGPU_HOSTPID_BROKER", "1")  # monitor never runs the broker
+    hook = str(tmp_path / "hook")
+    assert main(["monitor", "--no-kubernetes", f"--hook-path={hook}", "--print-config"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["hook_path"] == hook
+    assert doc["broker"]["enabled"] is False
+    assert doc["sources"]["hook_path"] == "--hook-path"

@@ -130,7 +130,8 @@ def test_broker_failure_after_start_exits_1_with_the_broker_error(
         break_listener(agent.proc.pid, socket_path)
         assert agent.finish() == 1
     assert agent.lines[-1] == (
-        f"hami-trio run: broker failed: {socket_path}: accept failed: Invalid argument\n"
+        f"hami-trio run: broker failed: --broker-socket-path {socket_path}: accept failed: "
+        "Invalid argument\n"
     )
     assert not socket_path.exists()
     with open(default_lock_path(socket_path), "rb") as lock:
@@ -162,7 +163,7 @@ def test_start_up_refusal_is_one_line_and_leaves_nothing_running(
     )
     assert result.returncode == 1
     assert result.stderr == (
-        f"hami-trio run: {socket_path}: path is a regular file, not a socket; "
+        f"hami-trio run: --broker-socket-path {socket_path}: path is a regular file, not a socket; "
         "refusing to replace it\n"
     )
     assert socket_path.read_text() == "data"

@@ -8,6 +8,7 @@ debug port over real HTTP.
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 
 from hami_trio.agent.debug import SCHEMA
 from hami_trio.cli.main import main
+from hami_trio.cli.status import listener_pid
 from tests.agent.agent import AgentProcess, agent_env, http_get
 from tests.agent.test_service import debug_fixture
 from tests.broker.wire import blocking_exchange
@@ -25,6 +27,7 @@ from tests.broker.wire import blocking_exchange
 class Ports(NamedTuple):
     metrics: int
     debug: int
+    pid: int
 
 
 @pytest.fixture
@@ -41,7 +44,7 @@ def agent(hook: Path, mig_lock: Path, socket_path: Path) -> Iterator[Ports]:
         f"--broker-socket-path={socket_path}",
     ]
     with AgentProcess(flags, agent_env({"LIBVGPU_HOSTPID_BROKER": "1"})) as process:
-        yield Ports(process.wait_ready(), process.debug_port())
+        yield Ports(process.wait_ready(), process.debug_port(), process.proc.pid)
         assert process.stop() == 0
 
 
@@ -124,8 +127,29 @@ def test_status_against_the_metrics_port_says_what_it_got(
     port = agent.metrics
     assert main(["status", "--address", f"127.0.0.1:{port}"]) == 1
     assert capsys.readouterr().err == (
-        f"hami-trio status: 127.0.0.1:{port}/debug/state answered 404: not found\n"
+        f"hami-trio status: 127.0.0.1:{port} is the agent's metrics port (/metrics); its debug "
+        "view is on --debug-bind-address (default 127.0.0.1:9395, "
+        "$HAMI_TRIO_DEBUG_BIND_ADDRESS in its pod)\n"
     )
+
+
+def test_status_says_which_agent_answered(agent: Ports, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--json", "--address", f"127.0.0.1:{agent.debug}"]) == 0
+    out, err = capsys.readouterr()
+    document = json.loads(out)  # stdout stays the document alone
+    assert err == (
+        f"answered by the agent at 127.0.0.1:{agent.debug}: node {document['node']}, "
+        f"hami-trio {document['version']}, pid {agent.pid}\n"
+    )
+
+
+def test_listener_pid_finds_this_process_and_nothing_for_a_closed_port() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        assert listener_pid(port) is None  # bound, not listening
+        sock.listen()
+        assert listener_pid(port) == os.getpid()
 
 
 def test_status_without_an_agent_exits_1_naming_the_address(

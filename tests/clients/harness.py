@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.sandbox import NOBODY, world_readable_dir
+from tests.tools import need
 
 __all__ = [
     "C_SOURCES",
@@ -104,9 +105,12 @@ def build_c_client(dest: Path, *, extra_cflags: str = "", static: bool = False) 
     gcc directly rather than ``make``: a fresh machine for this project has python3, pip and
     gcc, not necessarily make (test_c_client.py builds with the Makefile when make exists).
 
+    Skips the test (fails it in CI) when gcc is not installed.
+
     Raises:
         subprocess.CalledProcessError: the build failed (warnings are errors).
     """
+    need("gcc", "builds the C reference client")
     binary = dest / "hostpid-client"
     subprocess.run(
         c_client_build_command(dest, extra_cflags=extra_cflags, static=static),

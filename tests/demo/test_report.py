@@ -128,6 +128,8 @@ def test_a_good_run_passes_every_check() -> None:
     lines = "\n".join(render_summary(summary))
     assert "PID 1 in its sandbox -> host PID 1001 (correct)" in lines
     assert "training     (priority 1) blocked 2 times, 4.9 s in all" in lines
+    # Why blocked time exceeds the higher priority's active time:
+    assert "lasts until the monitor's next ticks see no recent kernel" in lines
     assert "notebook     (priority 1) never blocked" in lines
     assert "no answer: disabled - switch off" in lines
     assert "no-broker    processes 1 unknown; core limit 50% <- no broker" in lines

@@ -8,7 +8,15 @@ import pytest
 
 from hami_trio.demo.report import RunRecord
 from hami_trio.demo.scrape import AgentSample
-from hami_trio.demo.view import Screen, _clip, format_bytes, render_frame, render_plain
+from hami_trio.demo.view import (
+    DROP_ORDER,
+    Screen,
+    _clip,
+    fit_columns,
+    format_bytes,
+    render_frame,
+    render_plain,
+)
 from tests.demo.test_report import START, good_record
 
 
@@ -123,3 +131,31 @@ def test_clip_counts_only_visible_characters(line: str, width: int, clipped: str
 def test_format_bytes() -> None:
     assert format_bytes(None) == "-"
     assert format_bytes(3 << 29) == "1.5 GiB"
+
+
+@pytest.mark.parametrize("width", [79, 99, 119])
+def test_the_table_fits_the_terminal_keeping_state_and_host_pid(width: int) -> None:
+    record, sample = _with_status()
+    lines = render_frame(record, sample, START + 2.5, width=width)
+    header = next(line for line in lines if line.startswith("CONTAINER"))
+    table = [header] + [line for line in lines if line.startswith(("inf", "tra", "note", "cra"))]
+    assert all(len(line) <= width for line in table), table
+    for title in ("CONTAINER", "PROCS", "STATE", "RK", "SW", "HOST PID"):
+        assert title in header
+    training = next(line for line in table if line.startswith("training"))
+    assert "BLOCKED 1.5s" in training
+    words = training.split()
+    assert words[words.index("-1") : words.index("-1") + 3] == ["-1", "1", "1001"]
+    assert "simulated" in "\n".join(lines)
+    assert all(len(line) <= width for line in lines if "the agent's" in line)
+
+
+def test_columns_give_way_in_the_stated_order() -> None:
+    _, short = fit_columns(None)
+    assert not short
+    dropped = []
+    for width in range(200, 40, -1):
+        kept = {c[0] for c in fit_columns(width)[0]}
+        dropped += [k for k in DROP_ORDER if k not in kept and k not in dropped]
+    assert dropped == list(DROP_ORDER)
+    assert {c[0] for c in fit_columns(60)[0]} >= {"name", "state", "rk", "sw", "host"}

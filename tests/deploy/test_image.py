@@ -73,6 +73,12 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "hami-trio"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 BASE_SCRIPT = ROOT / "deploy" / "base-image.sh"
+#: What the image test builds with (deploy/Dockerfile's VERSION, REVISION, SOURCE).
+IMAGE_LABELS = {
+    "version": "0.0.0-image-test",
+    "revision": "0123456789abcdef0123456789abcdef01234567",
+    "source": "https://example.org/hami-trio.git",
+}
 TOOLS = ("podman", "runc", "mmdebstrap", "nsenter", "unshare", "setpriv", "gcc")
 NODE_NAME = "image-test-node"
 STORM = 1000
@@ -168,6 +174,8 @@ def image(base_image: str, steps: Steps) -> Iterator[str]:
     """deploy/Dockerfile built on the base; removed at the end of the module."""
     tag = f"localhost/hami-trio:image-test-{os.getpid()}"
     started = time.monotonic()
+    # The base pinned as a release pins it: the tag with its digest beside it.
+    digest = _podman("image", "inspect", "--format", "{{.Digest}}", base_image).strip()
     _podman(
         "build",
         "--quiet",
@@ -180,7 +188,8 @@ def image(base_image: str, steps: Steps) -> Iterator[str]:
         "/etc/ssl/certs:/etc/ssl/certs:ro",
         *_ulimits(),
         "--build-arg",
-        f"PYTHON_IMAGE={base_image}",
+        f"PYTHON_IMAGE={base_image}@{digest}",
+        *(f"--build-arg={k.upper()}={v}" for k, v in IMAGE_LABELS.items()),
         "-f",
         str(DOCKERFILE),
         "-t",
@@ -669,3 +678,28 @@ def test_sigterm_exits_0_and_removes_the_socket(agent: Agent) -> None:
     assert code == "0", f"exit status {code}:\n{agent.logs()}"
     assert not os.path.lexists(agent.socket)
     assert "agent stopped" in agent.logs()
+
+
+def test_labels_say_what_it_is_built_from_and_version_prints_them(
+    image: str, base_image: str
+) -> None:
+    labels = json.loads(_podman("image", "inspect", "--format", "{{json .Labels}}", image))
+    for key, value in IMAGE_LABELS.items():
+        assert labels[f"org.opencontainers.image.{key}"] == value
+    base = labels["org.opencontainers.image.base.name"]
+    assert base.startswith(f"{base_image}@sha256:")  # pinned: tag and digest
+    out = _podman(
+        "run", "--rm", "--runtime", "runc", "--network", "none", *_ulimits(),
+        "--entrypoint", "hami-trio", image, "version",
+    )  # fmt: skip
+    lines = out.splitlines()
+    assert lines[1:5] == [f"image {k} {v}" for k, v in IMAGE_LABELS.items()] + [
+        f"image base {base}"
+    ]
+    # No wheel file stayed in a layer: the build stage's wheels were mounted, not copied.
+    history = _podman("history", "--no-trunc", "--format", "{{.CreatedBy}}", image)
+    assert "COPY --from=build" not in history
+    assert "/wheels" not in _podman(
+        "run", "--rm", "--runtime", "runc", "--network", "none", *_ulimits(),
+        "--entrypoint", "sh", image, "-c", "ls -d /wheels 2>/dev/null; true",
+    )  # fmt: skip

@@ -442,7 +442,7 @@ def write_hook(hook: Path, uids: dict[str, str]) -> None:
         ),
     )
     # A file too small to be a region: rejected by the lister (a rejection reason series).
-    (hook / "containers" / f"{uids['infer-0']}_side" / "c.cache").write_bytes(b"\0" * 16)
+    (hook / "containers" / f"{uids['infer-0']}_side" / "c.cache").write_bytes(b"\x01" * 16)
 
 
 def wait_for(what: str, check: Any, timeout: float = 30) -> None:

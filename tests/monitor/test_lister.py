@@ -16,6 +16,7 @@ from hami_trio.monitor.feedback import Write
 from hami_trio.monitor.layout import LAYOUTS, ControlField, Format, RejectReason
 from hami_trio.monitor.lister import (
     CHECKPOINT_EVERY,
+    INITIALISING_TICKS,
     MAX_DIR_ENTRIES,
     ContainerKey,
     ContainerLister,
@@ -158,7 +159,7 @@ async def test_first_cache_file_by_name_is_chosen(root: Path) -> None:
     ("content", "size", "reason"),
     [
         (b"tiny", 4, RejectReason.TOO_SMALL),
-        (b"", 64, RejectReason.MAGIC),
+        (b"\x01" * 12, 64, RejectReason.MAGIC),
         (struct.pack("<iii", 19920718, 1, 1), 2008985, RejectReason.UNKNOWN_VERSION),
     ],
 )
@@ -398,6 +399,11 @@ async def test_rejection_counted_once_and_recovery_logged(root: Path) -> None:
     (directory / "x.cache").write_bytes(b"\0" * 64)
     rejections = Calls()
     lister = make(root, on_reject=rejections)
+    # Magic 0: HAMi-core may still be initialising it - no rejection for a tick or two.
+    for _ in range(INITIALISING_TICKS):
+        state = (await lister.update())[key("u_c")]
+        assert state.status is ContainerStatus.NO_CACHE_FILE
+    assert rejections.seen == []
     for _ in range(3):
         state = (await lister.update())[key("u_c")]
         assert state.status is ContainerStatus.REJECTED
@@ -415,6 +421,29 @@ async def test_rejection_counted_once_and_recovery_logged(root: Path) -> None:
     assert state.snapshot is not None
     assert state.snapshot.priority == 4
     assert rejections.seen == ["magic"]
+
+
+async def test_a_file_initialised_within_a_tick_or_two_is_never_rejected(
+    root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = container(root, "u_c")
+    spec = RegionSpec(priority=3)
+    path = directory / "x.cache"
+    # HAMi-core creates the file and sizes it; the magic comes last.
+    path.write_bytes(b"")
+    os.truncate(path, spec.file_size)
+    rejections = Calls()
+    lister = make(root, on_reject=rejections)
+    with caplog.at_level(logging.INFO, logger="hami_trio.monitor"):
+        state = (await lister.update())[key("u_c")]
+        assert state.status is ContainerStatus.NO_CACHE_FILE
+        assert state.rejection is None
+        write_region(path, spec)
+        state = (await lister.update())[key("u_c")]
+    assert state.snapshot is not None
+    assert state.snapshot.priority == 3
+    assert rejections.seen == []
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 async def test_view_is_immutable_and_replaced_whole(root: Path) -> None:
