@@ -657,7 +657,8 @@ def parse_watch_event(
     if not isinstance(kind, str):
         raise WatchDecodeError(f"watch event type is not a string: {type(kind).__name__}")
     if kind in _OBJECT_EVENTS:
-        pod = pod_info_from_object(obj, keep=keep, on_cut=on_cut)
+        # A deleted pod is let go at once: what it carried is not reported again.
+        pod = pod_info_from_object(obj, keep=keep, on_cut=None if kind == "DELETED" else on_cut)
         rv = _metadata(obj).get("resourceVersion")
         return WatchEvent(
             type=cast(EventType, kind),

@@ -420,3 +420,14 @@ def test_list_decoder_in_chunks_equals_the_whole_list(body: str) -> None:
         pods += decoder.feed(raw[start : start + 13])
     last, page = decoder.finish()
     assert (page.resource_version, (*pods, *last)) == whole
+
+
+def test_a_watch_event_reports_its_cuts_except_for_a_deleted_pod() -> None:
+    obj = _pod(annotations={ALLOCATED_ANNOTATION: "x" * (65 * 1024)})
+    for kind, reported in (("ADDED", 1), ("MODIFIED", 1), ("DELETED", 0)):
+        cuts: list[Cut] = []
+        line = json.dumps({"type": kind, "object": obj})
+        event = parse_watch_event(line, on_cut=cuts.append)
+        assert event.pod is not None
+        assert event.pod.annotations == {}
+        assert len(cuts) == reported
