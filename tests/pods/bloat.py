@@ -6,14 +6,21 @@ large ``hami.io/`` annotation, all within what the API server accepts (a label v
 most 63 characters, all annotations of an object at most 256 KiB, an object at most about
 1.5 MiB).  Half of them carry the annotation under a key the agent decodes
 (``hami.io/vgpu-devices-allocated``), half under one it does not.  The pod watch tests and
-the agent's soak call it on a :class:`~tests.pods.fake_kube.FakeKubeApi`.
+the agent's soak call it on a :class:`~tests.pods.fake_kube.FakeKubeApi`, and
+:func:`memory_kib` to read the agent's resident set.
 """
 
 from __future__ import annotations
 
 from tests.pods.fake_kube import FakeKubeApi
 
-__all__ = ["BLOAT_LABEL_PREFIX", "BLOAT_NAMESPACE", "add_bloated_pods", "bloated_labels"]
+__all__ = [
+    "BLOAT_LABEL_PREFIX",
+    "BLOAT_NAMESPACE",
+    "add_bloated_pods",
+    "bloated_labels",
+    "memory_kib",
+]
 
 BLOAT_NAMESPACE = "bloat"
 BLOAT_LABEL_PREFIX = "bloat.example.com/label-"
@@ -63,3 +70,14 @@ def add_bloated_pods(
             )
         )
     return uids
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """``VmRSS`` and ``VmHWM`` (the peak resident set) of process ``pid``, in KiB."""
+    found = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                found[key] = int(value.split()[0])
+    return found

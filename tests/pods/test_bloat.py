@@ -28,23 +28,12 @@ import trio
 import trustme
 
 from tests.agent.agent import AgentProcess, agent_env, http_get
-from tests.pods.bloat import BLOAT_NAMESPACE, add_bloated_pods
+from tests.pods.bloat import BLOAT_NAMESPACE, add_bloated_pods, memory_kib
 from tests.pods.fake_kube import FakeKubeApi
 
 pytestmark = pytest.mark.slow
 
 BLOATED = 80
-
-
-def memory_kib(pid: int) -> dict[str, int]:
-    """``VmRSS`` and ``VmHWM`` (peak) of process ``pid``, in KiB."""
-    found = {}
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                found[key] = int(value.split()[0])
-    return found
 
 
 def tls_kubeconfig(path: Path, server: str, ca: trustme.CA) -> str:
