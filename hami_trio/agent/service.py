@@ -416,11 +416,16 @@ class _Agent:
         if config.kubernetes is not None:
             # Only here: kubernetes-asyncio, aiohttp and trio-asyncio cost about 50 MiB of
             # RSS and half a second, which --no-kubernetes never needs.
-            from hami_trio.pods.watch import KubernetesPodSource, serve_pod_watch
+            from hami_trio.pods.watch import KubernetesPodSource, WatchSettings, serve_pod_watch
 
             watch = KubernetesPodSource(config.node_name, registry=registry)
+            # Only the labels the agent exports are kept (a pod may carry thousands).
+            keep = WatchSettings().keep.with_labels(config.pod_labels_allowlist)
+            settings = WatchSettings(keep=keep)
             await nursery.start(
-                self.supervise, "pod-watch", partial(serve_pod_watch, watch, config.kubernetes)
+                self.supervise,
+                "pod-watch",
+                partial(serve_pod_watch, watch, config.kubernetes, settings=settings),
             )
             self.pod_source, all_pods = watch, watch.pods
             self.pod_watch = watch

@@ -7,7 +7,10 @@ A normal end resumes, ``410 Gone`` relists, other failures back off with jitter 
 last set, but the source is not *authoritative* (the lister deletes nothing) until the resumed
 watch delivered something.  kubernetes-asyncio runs on a trio-asyncio loop opened inside the
 caller's task, every await through ``aio_as_trio``; this is the only asyncio module.  The JSON
-is decoded by the pure :mod:`hami_trio.pods.decode`.  Start-up never waits for the API server.
+is decoded by the pure :mod:`hami_trio.pods.decode`, incrementally: a list is read in pages
+(``limit``/``continue``) and each page item by item, a watch line by line, never more than one
+object at a time; what is kept is bounded per pod and for all pods (``KeepRules``,
+``PodBudget``), and every cut is counted and logged.  Start-up never waits for the API server.
 Details, states and the reasons: docs/pod-watch.md.
 """
 
@@ -33,16 +36,22 @@ from hami_trio.errors import PodSourceError
 from hami_trio.logs import RateLimiter
 from hami_trio.pods.access import SERVICE_HOST_ENV, SERVICE_PORT_ENV, KubeAccess, validate_node_name
 from hami_trio.pods.decode import (
+    CUT_REASONS,
+    MAX_OBJECT_BYTES,
+    Cut,
+    KeepRules,
+    ListPage,
+    PodBudget,
+    PodListDecoder,
     WatchDecodeError,
     WatchEvent,
-    apply_watch_event,
-    parse_pod_list,
     parse_status,
     parse_watch_event,
 )
 from hami_trio.pods.source import PodInfo
 
 __all__ = [
+    "DEFAULT_MAX_HELD_BYTES",
     "Backoff",
     "KubernetesPodSource",
     "PodWatcher",
@@ -55,6 +64,9 @@ _log = logging.getLogger("hami_trio.monitor.pods")  # the name in the logs (kept
 
 # --------------------------------------------------------------------------------------------
 # Backoff and settings.
+
+
+_DEFAULT_KEEP: Final = KeepRules()
 
 
 class Backoff:
@@ -101,7 +113,10 @@ class WatchSettings:
             considered dead (a half-open connection).
         min_watch_duration: a watch that ends cleanly sooner than this without any event
             counts as a failure (backs off), so a server that closes at once cannot spin us.
-        annotation_prefixes: annotation keys to keep (see :func:`pod_info_from_object`).
+        keep: which labels and annotations are kept and their caps (:class:`KeepRules`; the
+            agent adds ``--pod-labels-allowlist``).  The cap for all pods together is the
+            source's (:class:`KubernetesPodSource`).
+        list_page_size: pods per list request (``limit``); 0 lists in one request.
     """
 
     backoff_initial: float = 0.8
@@ -111,13 +126,30 @@ class WatchSettings:
     list_timeout: float = 60.0
     read_grace: float = 60.0
     min_watch_duration: float = 1.0
-    annotation_prefixes: tuple[str, ...] | None = ("hami.io/",)
+    keep: KeepRules = _DEFAULT_KEEP
+    list_page_size: int = 100
 
     def __post_init__(self) -> None:
         Backoff(self.backoff_initial, self.backoff_max)  # validates the pair
         for name in ("watch_timeout", "connect_timeout", "list_timeout", "read_grace"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"WatchSettings.{name} must be > 0")
+        if self.list_page_size < 0:
+            raise ValueError("WatchSettings.list_page_size must be >= 0")
+
+
+#: The most bytes all pods of the node may hold together (:class:`PodBudget`): with the
+#: per-pod cap, over a hundred pods at that cap, about a thousand times what an ordinary pod
+#: holds.
+DEFAULT_MAX_HELD_BYTES: Final = 32 * 1024 * 1024
+
+_CUT_EXPLAINED: Final[Mapping[str, str]] = {
+    "label-too-long": "the label value is longer than the cap",
+    "annotation-too-long": "the annotation value is longer than the cap",
+    "pod-too-large": "the pod holds more than the per-pod cap; only its identity is kept",
+    "total-too-large": "all pods together hold more than the cap; the largest keep only their "
+    "identity",
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -133,16 +165,28 @@ class KubernetesPodSource:
 
     Args:
         node_name: this node's name (validated).
-        registry: where ``hami_trio_pod_watch_synced`` and ``hami_trio_pod_watch_relists_total``
-            are registered; ``None`` registers nothing.
+        registry: where ``hami_trio_pod_watch_synced``, ``hami_trio_pod_watch_relists_total``,
+            ``hami_trio_pod_watch_cuts_total`` and ``hami_trio_pod_watch_held_bytes`` are
+            registered; ``None`` registers nothing.
+        max_held_bytes: the most all pods together may hold (:class:`PodBudget`).
 
     Raises:
         ConfigError: ``node_name`` is not a node name.
     """
 
-    def __init__(self, node_name: str, *, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        node_name: str,
+        *,
+        registry: CollectorRegistry | None = None,
+        max_held_bytes: int = DEFAULT_MAX_HELD_BYTES,
+    ) -> None:
         self.node_name = validate_node_name(node_name)
+        self.max_held_bytes = max_held_bytes
         self._pods: Mapping[str, PodInfo] = MappingProxyType({})
+        self._budget = self.new_budget()
+        self._cuts: dict[str, int] = dict.fromkeys(CUT_REASONS, 0)
+        self._cut_log = RateLimiter(60.0, max_keys=len(CUT_REASONS), clock=trio.current_time)
         self._ready = False
         self._connected = False
         self._resource_version: str | None = None
@@ -150,6 +194,7 @@ class KubernetesPodSource:
         self._lists = 0
         self._synced_gauge: Gauge | None = None
         self._relists_counter: Counter | None = None
+        self._cuts_counter: Counter | None = None
         if registry is not None:
             self._synced_gauge = Gauge(
                 "hami_trio_pod_watch_synced",
@@ -161,6 +206,19 @@ class KubernetesPodSource:
                 "Pod lists after the first one (watch expired, undecodable event)",
                 registry=registry,
             )
+            self._cuts_counter = Counter(
+                "hami_trio_pod_watch_cuts",
+                "Pod labels, annotations and whole pods the pod watch did not keep, by reason",
+                ["reason"],
+                registry=registry,
+            )
+            for reason in CUT_REASONS:
+                self._cuts_counter.labels(reason=reason)
+            Gauge(
+                "hami_trio_pod_watch_held_bytes",
+                "Estimated bytes the pod watch holds for the pods of this node",
+                registry=registry,
+            ).set_function(lambda: self._budget.total)
 
     # PodSource ------------------------------------------------------------------------------
 
@@ -194,6 +252,37 @@ class KubernetesPodSource:
         """How many lists followed the first one."""
         return self._relists
 
+    @property
+    def held_bytes(self) -> int:
+        """Estimated bytes held for the known pods (at most :attr:`max_held_bytes`, but for
+        pods cut to their identity)."""
+        return self._budget.total
+
+    def cuts(self) -> Mapping[str, int]:
+        """``reason -> count`` of everything not kept so far (see :class:`Cut`)."""
+        return MappingProxyType(dict(self._cuts))
+
+    def new_budget(self) -> PodBudget:
+        """An empty budget of this source's size, reporting its cuts here (for a list)."""
+        return PodBudget(self.max_held_bytes, on_cut=self.report_cut)
+
+    def report_cut(self, cut: Cut) -> None:
+        """Count ``cut`` and log it (at most one line a minute per reason)."""
+        self._cuts[cut.reason] += 1
+        if self._cuts_counter is not None:
+            self._cuts_counter.labels(reason=cut.reason).inc()
+        what = f"{cut.key} ({cut.size} bytes)" if cut.key else f"the pod ({cut.size} bytes held)"
+        self._cut_log.log(
+            _log,
+            logging.WARNING,
+            cut.reason,
+            "pod watch: pod %s/%s: not keeping %s: %s; that pod's rows may be missing",
+            cut.namespace,
+            cut.name,
+            what,
+            _CUT_EXPLAINED[cut.reason],
+        )
+
     # Driven by serve_pod_watch (trio thread) ---------------------------------------------------
 
     def _set_connected(self, connected: bool) -> None:
@@ -201,8 +290,14 @@ class KubernetesPodSource:
         if self._synced_gauge is not None:
             self._synced_gauge.set(1 if self.authoritative else 0)
 
-    def _replace(self, pods: Iterable[PodInfo], resource_version: str) -> None:
-        self._pods = MappingProxyType({pod.uid: pod for pod in pods})
+    def _replace(self, pods: Iterable[PodInfo] | PodBudget, resource_version: str) -> None:
+        if not isinstance(pods, PodBudget):
+            budget = self.new_budget()
+            for pod in pods:
+                budget.put(pod)
+            pods = budget
+        self._budget = pods
+        self._pods = MappingProxyType(pods.pods())
         self._resource_version = resource_version
         if self._lists:
             self._relists += 1
@@ -214,7 +309,11 @@ class KubernetesPodSource:
 
     def _apply(self, event: WatchEvent) -> None:
         if event.pod is not None:
-            self._pods = MappingProxyType(apply_watch_event(self._pods, event))
+            if event.type == "DELETED":
+                self._budget.remove(event.pod.uid)
+            else:
+                self._budget.put(event.pod)
+            self._pods = MappingProxyType(self._budget.pods())
         if event.resource_version:
             self._resource_version = event.resource_version
 
@@ -237,6 +336,17 @@ class _Retry(Exception):
 
 class _Relist(Exception):
     """The watch cannot resume from its resource version: list again."""
+
+
+class _ContinueExpired(Exception):
+    """A paginated list's ``continue`` token expired (410): start that list again."""
+
+
+#: How often a list whose continue token expired starts again paginated; then in one request.
+_PAGED_ATTEMPTS: Final = 3
+#: The most bytes of an error response read (for its Status message).
+_MAX_ERROR_BODY: Final = 64 * 1024
+_CHUNK: Final = 64 * 1024
 
 
 # What a flaky network or API server raises inside aiohttp / kubernetes-asyncio.  TimeoutError
@@ -347,39 +457,88 @@ class PodWatcher:
         await trio.sleep(delay)
 
     async def _list(self, resource_version: str | None) -> None:
-        kwargs: dict[str, Any] = {
-            "field_selector": self._selector,
-            "_preload_content": False,
-            "_request_timeout": (self._settings.connect_timeout, self._settings.list_timeout),
-        }
-        if resource_version is not None:
-            kwargs["resource_version"] = resource_version
+        """List the node's pods page by page into a new budget, then replace the set.
+
+        A ``continue`` token that expired in the middle (``410``) starts the list again from
+        nothing, as a consistent read (what was read of it is dropped: no pod is duplicated or
+        lost); after :data:`_PAGED_ATTEMPTS` such starts, the list is read in one request.
+        """
+        attempt = 0
+        while True:
+            page_size = self._settings.list_page_size if attempt < _PAGED_ATTEMPTS else 0
+            try:
+                budget, rv = await self._list_pages(resource_version, page_size)
+            except _ContinueExpired as exc:
+                attempt += 1
+                resource_version = None
+                _log.info("pod watch: %s; starting the list again", exc)
+                continue
+            break
+        first = not self._source.ready
+        self._source._replace(budget, rv)
+        _log.log(
+            logging.INFO if first else logging.DEBUG,
+            "pod watch: listed %d pods on node %s (resourceVersion %s)",
+            len(budget),
+            self._source.node_name,
+            rv,
+        )
+
+    async def _list_pages(
+        self, resource_version: str | None, page_size: int
+    ) -> tuple[PodBudget, str]:
+        budget = self._source.new_budget()
+        token = ""
+        while True:
+            kwargs: dict[str, Any] = {
+                "field_selector": self._selector,
+                "_preload_content": False,
+                "_request_timeout": (
+                    self._settings.connect_timeout,
+                    self._settings.list_timeout,
+                ),
+            }
+            if page_size:
+                kwargs["limit"] = page_size
+            if token:
+                kwargs["_continue"] = token  # a continued list must not name a version
+            elif resource_version is not None:
+                kwargs["resource_version"] = resource_version
+            page = await self._list_page(kwargs, budget, continued=bool(token))
+            if not page.continue_token:
+                return budget, page.resource_version
+            token = page.continue_token
+
+    async def _list_page(
+        self, kwargs: dict[str, Any], budget: PodBudget, *, continued: bool
+    ) -> ListPage:
+        decoder = PodListDecoder(
+            keep=self._settings.keep, on_skip=self._skip, on_cut=self._source.report_cut
+        )
         try:
             response = await _aio(self._raw_list_pods, **kwargs)
             try:
-                body = await _aio(response.read)
+                if response.status != 200:
+                    code, message = parse_status(await _aio(response.content.read, _MAX_ERROR_BODY))
+                    if continued and (response.status == 410 or code == 410):
+                        raise _ContinueExpired(f"list continuation expired (HTTP 410 {message})")
+                    raise _Retry(f"HTTP {response.status} {message}".rstrip())
+                while True:
+                    chunk = await _aio(response.content.read, _CHUNK)
+                    if not chunk:
+                        break
+                    for pod in decoder.feed(chunk):
+                        budget.put(pod)
+                last, page = decoder.finish()
             finally:
                 response.close()
         except _TRANSIENT as exc:
             raise _Retry(f"{type(exc).__name__}: {exc}") from exc
-        if response.status != 200:
-            _code, message = parse_status(body)
-            raise _Retry(f"HTTP {response.status} {message}".rstrip())
-        try:
-            rv, pods = parse_pod_list(
-                body, annotation_prefixes=self._settings.annotation_prefixes, on_skip=self._skip
-            )
         except WatchDecodeError as exc:
             raise _Retry(str(exc)) from exc
-        first = not self._source.ready
-        self._source._replace(pods, rv)
-        _log.log(
-            logging.INFO if first else logging.DEBUG,
-            "pod watch: listed %d pods on node %s (resourceVersion %s)",
-            len(pods),
-            self._source.node_name,
-            rv,
-        )
+        for pod in last:
+            budget.put(pod)
+        return page
 
     async def _watch(self) -> int:
         """One watch request from the current resource version; returns the events seen."""
@@ -401,7 +560,7 @@ class PodWatcher:
             response = await _aio(self._raw_list_pods, **kwargs)
             try:
                 if response.status != 200:
-                    code, message = parse_status(await _aio(response.read))
+                    code, message = parse_status(await _aio(response.content.read, _MAX_ERROR_BODY))
                     if response.status == 410 or code == 410:
                         raise _Relist(f"watch expired (HTTP 410 {message})")
                     raise _Retry(f"HTTP {response.status} {message}".rstrip())
@@ -409,17 +568,27 @@ class PodWatcher:
                 # watch delivered something (an event or a bookmark): events missed during
                 # the outage are replayed first, and until then an unknown pod may only be
                 # one we have not heard about yet.  A clean resume keeps the state as is.
+                pending = bytearray()
                 while True:
-                    line = await _aio(response.content.readline)
-                    if not line:
+                    chunk = await _aio(response.content.read, _CHUNK)
+                    if not chunk:
                         return events  # the server ended the watch (timeoutSeconds)
-                    if not line.strip():
-                        continue
-                    self._handle(line)
-                    events += 1
-                    self._backoff.reset()
-                    if not self._source.authoritative:
-                        self._source._set_connected(True)
+                    scanned = len(pending)
+                    pending += chunk
+                    start = 0
+                    while (end := pending.find(b"\n", scanned)) != -1:
+                        line = bytes(pending[start:end])
+                        start = scanned = end + 1
+                        if not line.strip():
+                            continue
+                        self._handle(line)
+                        events += 1
+                        self._backoff.reset()
+                        if not self._source.authoritative:
+                            self._source._set_connected(True)
+                    del pending[:start]
+                    if len(pending) > MAX_OBJECT_BYTES:
+                        raise _Relist(f"watch event longer than {MAX_OBJECT_BYTES} bytes")
             finally:
                 response.close()
         except _TRANSIENT as exc:
@@ -432,7 +601,9 @@ class PodWatcher:
 
     def _handle(self, line: bytes) -> None:
         try:
-            event = parse_watch_event(line, annotation_prefixes=self._settings.annotation_prefixes)
+            event = parse_watch_event(
+                line, keep=self._settings.keep, on_cut=self._source.report_cut
+            )
         except WatchDecodeError as exc:
             raise _Relist(f"undecodable watch event ({exc})") from exc
         if event.type == "ERROR":

@@ -6,6 +6,7 @@ and the real ``/metrics`` endpoint; every expected value is what the fake serves
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from functools import partial
@@ -229,11 +230,15 @@ def test_a_hostile_annotation_costs_only_its_pod(raw: str) -> None:
 # -- over real HTTP ----------------------------------------------------------------------------
 
 
-async def watch(nursery: trio.Nursery, fake: FakeKubeApi, tmp_path: Path) -> KubernetesPodSource:
+async def watch(
+    nursery: trio.Nursery, fake: FakeKubeApi, tmp_path: Path, allowlist: tuple[str, ...] = ()
+) -> KubernetesPodSource:
     source = KubernetesPodSource("node-a")
     kubeconfig = write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{fake.port}")
+    # As the agent does: the watch keeps only the labels the allow-list exports.
+    settings = dataclasses.replace(FAST, keep=FAST.keep.with_labels(allowlist))
     await nursery.start(
-        partial(serve_pod_watch, source, KubeAccess(kubeconfig=kubeconfig), settings=FAST)
+        partial(serve_pod_watch, source, KubeAccess(kubeconfig=kubeconfig), settings=settings)
     )
     with trio.fail_after(10):
         while not source.ready:  # noqa: ASYNC110 - the watch and the fake are independent
@@ -313,8 +318,9 @@ async def test_allocation_info_and_labels_over_http_before_any_cache_file(
         phase="Pending",
     )
     fake.add_pod("elsewhere", node="node-b", labels={NODE_LABEL: "node-b"})
-    source = await watch(nursery, fake, tmp_path)
-    port = await serve_stack(nursery, hook, source, ("team", "app.kubernetes.io/name"))
+    allowlist = ("team", "app.kubernetes.io/name")
+    source = await watch(nursery, fake, tmp_path, allowlist)
+    port = await serve_stack(nursery, hook, source, allowlist)
     _, text = await get(port)  # no container directory exists at all
     ids = {"namespace": "team-a", "pod": "trainer-0"}
     expected = {
@@ -401,7 +407,7 @@ async def test_pod_families_pass_promtool(
         labels={NODE_LABEL: "node-a", "team": "vision"},
         annotations={ALLOCATED_ANNOTATION: f"{GPU_A},NVIDIA,2048,10:;"},
     )
-    source = await watch(nursery, fake, tmp_path)
+    source = await watch(nursery, fake, tmp_path, ("team",))
     port = await serve_stack(nursery, hook, source, ("team",))
     _, text = await get(port)
     for name in (

@@ -10,6 +10,12 @@ honours what the watch relies on:
   ADDED events; a watch from before the last :meth:`FakeKubeApi.compact` is answered with
   ``410 Expired``, as an ``ERROR`` event (like kube-apiserver) or as an HTTP status;
 - ``allowWatchBookmarks`` (:meth:`FakeKubeApi.bookmark`) and ``timeoutSeconds``;
+- paginated lists (``limit`` and ``continue``): the pages of one list come from one snapshot;
+  a ``continue`` token that has expired (:meth:`FakeKubeApi.expire_continue_tokens`, or
+  :meth:`FakeKubeApi.compact`) is answered with ``410 Expired``, a ``continue`` with a
+  ``resourceVersion`` with ``400``; like the API server's watch cache, a list at
+  ``resourceVersion=0`` ignores ``limit`` (all pods in one page) unless
+  ``paginate_cached_lists`` is set;
 - bearer-token authentication when a token is configured;
 - outages: :meth:`FakeKubeApi.stop` closes the listener and every connection (clients get
   connection refused), :meth:`FakeKubeApi.serve` again on the same port brings it back;
@@ -17,11 +23,13 @@ honours what the watch relies on:
 
 It is an ASGI app served by hypercorn's trio worker in the test's own nursery, so a test can
 use MockClock-free real time with short settings.  Every request is recorded in
-:attr:`FakeKubeApi.requests`.
+:attr:`FakeKubeApi.requests`; :attr:`FakeKubeApi.on_page` is called after each list page is
+sent (a test changes the cluster in the middle of a paginated list there).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import uuid as uuid_module
@@ -82,11 +90,23 @@ class FakeKubeApi:
         token: if set, requests must carry ``Authorization: Bearer <token>`` (else 401).
         gone_as_status: answer a watch from a compacted version with HTTP 410 instead of a 200
             stream holding one ``ERROR`` event.
+        paginate_cached_lists: honour ``limit`` at ``resourceVersion=0`` too (newer API
+            servers paginate lists served from their cache; older ones send everything).
     """
 
-    def __init__(self, *, token: str | None = None, gone_as_status: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        token: str | None = None,
+        gone_as_status: bool = False,
+        paginate_cached_lists: bool = False,
+    ) -> None:
         self.token = token
         self.gone_as_status = gone_as_status
+        self.paginate_cached_lists = paginate_cached_lists
+        #: Called with the number of pages sent so far, after each page of a list.
+        self.on_page: Callable[[int], None] | None = None
+        self.pages_sent = 0
         self.requests: list[RequestRecord] = []
         self.open_watches = 0
         self.closed_watches = 0
@@ -94,6 +114,11 @@ class FakeKubeApi:
         self._rv = 100
         self._oldest_rv = self._rv
         self._pods: dict[str, dict[str, Any]] = {}
+        # uid -> the pod's JSON, encoded once per change (bloated pods are large).
+        self._encoded: dict[str, bytes] = {}
+        # snapshot id -> (resource version, the listed pods' JSON): the pages of one list.
+        self._snapshots: dict[int, tuple[int, list[bytes]]] = {}
+        self._next_snapshot = 0
         # (resource version, event type, object); bookmarks are ("BOOKMARK", {metadata}).
         self._history: list[tuple[int, str, dict[str, Any]]] = []
         self._changed = trio.Event()
@@ -114,7 +139,13 @@ class FakeKubeApi:
     def _record(self, kind: str, pod: dict[str, Any]) -> None:
         self._rv += 1
         pod["metadata"]["resourceVersion"] = str(self._rv)
-        self._history.append((self._rv, kind, json.loads(json.dumps(pod))))
+        encoded = json.dumps(pod).encode()
+        uid = pod["metadata"]["uid"]
+        if kind == "DELETED":
+            self._encoded.pop(uid, None)
+        else:
+            self._encoded[uid] = encoded
+        self._history.append((self._rv, kind, json.loads(encoded)))
         self._notify()
 
     def _notify(self) -> None:
@@ -208,8 +239,14 @@ class FakeKubeApi:
         self._notify()
 
     def compact(self) -> None:
-        """Forget history: a new watch from an older resource version gets 410 Expired."""
+        """Forget history: a new watch from an older resource version gets 410 Expired, and
+        so does every ``continue`` token handed out so far."""
         self._oldest_rv = self._rv
+        self.expire_continue_tokens()
+
+    def expire_continue_tokens(self) -> None:
+        """Make every ``continue`` token handed out so far answer ``410 Expired``."""
+        self._snapshots.clear()
 
     def end_watches(self) -> None:
         """End every open watch stream now, dropping undelivered events (a clean close, as
@@ -296,7 +333,7 @@ class FakeKubeApi:
         if watch:
             await self._watch(record, node, receive, send)
         else:
-            await self._list(node, send)
+            await self._list(record, node, send)
 
     @staticmethod
     def _node_selector(selector: str) -> str | None:
@@ -321,15 +358,68 @@ class FakeKubeApi:
         )
         await send({"type": "http.response.body", "body": json.dumps(body).encode()})
 
-    async def _list(self, node: str | None, send: _Send) -> None:
-        items = [pod for pod in self._pods.values() if self._matches(pod, node)]
-        body = {
-            "kind": "PodList",
-            "apiVersion": "v1",
-            "metadata": {"resourceVersion": str(self._rv)},
-            "items": items,
-        }
-        await self._reply(send, 200, body)
+    async def _list(self, record: RequestRecord, node: str | None, send: _Send) -> None:
+        params = record.params
+        try:
+            limit = int(params.get("limit") or 0)
+        except ValueError:
+            await self._reply(send, 400, _status(400, "BadRequest", "invalid limit"))
+            return
+        token = params.get("continue")
+        if token:
+            if record.resource_version:
+                message = "specifying resource version is not allowed when using continue"
+                await self._reply(send, 400, _status(400, "BadRequest", message))
+                return
+            try:
+                position = json.loads(base64.urlsafe_b64decode(token))
+                snapshot_id, start = int(position["id"]), int(position["start"])
+            except (ValueError, KeyError, TypeError):
+                await self._reply(send, 400, _status(400, "BadRequest", "invalid continue"))
+                return
+            if snapshot_id not in self._snapshots:
+                message = (
+                    "The provided continue parameter is too old to display a consistent list "
+                    "result. You can start a new list without the continue parameter."
+                )
+                await self._reply(send, 410, _status(410, "Expired", message))
+                return
+        else:
+            matching = [
+                self._encoded[uid] for uid, pod in self._pods.items() if self._matches(pod, node)
+            ]
+            snapshot_id, start = self._next_snapshot, 0
+            self._next_snapshot += 1
+            self._snapshots[snapshot_id] = (self._rv, matching)
+            if record.resource_version == "0" and not self.paginate_cached_lists:
+                limit = 0  # the watch cache sends everything at once
+        rv, items = self._snapshots[snapshot_id]
+        end = len(items) if limit <= 0 else min(len(items), start + limit)
+        meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        if end < len(items):
+            position_json = json.dumps({"id": snapshot_id, "start": end}).encode()
+            meta["continue"] = base64.urlsafe_b64encode(position_json).decode()
+            meta["remainingItemCount"] = len(items) - end
+        else:
+            self._snapshots.pop(snapshot_id, None)
+        head = json.dumps({"kind": "PodList", "apiVersion": "v1", "metadata": meta})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        # The items go out one by one, as a streaming encoder would send them.
+        await send({"type": "http.response.body", "body": head[:-1].encode(), "more_body": True})
+        await send({"type": "http.response.body", "body": b', "items": [', "more_body": True})
+        for index, item in enumerate(items[start:end]):
+            body = item if index == 0 else b"," + item
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+        await send({"type": "http.response.body", "body": b"]}"})
+        self.pages_sent += 1
+        if self.on_page is not None:
+            self.on_page(self.pages_sent)
 
     async def _watch(
         self, record: RequestRecord, node: str | None, receive: _Receive, send: _Send

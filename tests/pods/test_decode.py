@@ -7,11 +7,17 @@ import json
 import pytest
 from hypothesis import given
 
+from hami_trio.pods.allocated import ALLOCATED_ANNOTATION
 from hami_trio.pods.decode import (
     MAX_PHASE_CHARS,
+    Cut,
+    KeepRules,
+    PodBudget,
+    PodListDecoder,
     WatchDecodeError,
     WatchEvent,
     apply_watch_event,
+    held_bytes,
     parse_pod_list,
     parse_status,
     parse_watch_event,
@@ -50,11 +56,13 @@ def test_pod_info_keeps_what_the_monitor_uses() -> None:
         containers=("a", "b"),
         init_containers=("init",),
         annotations={"hami.io/vgpu-mig-allocations": "[]"},
-        labels={"hami.io/vgpu-node": "node-a", "app": "x"},
+        labels={"hami.io/vgpu-node": "node-a"},  # only the allow-listed labels
     )
-    assert "kubectl.kubernetes.io/last-applied-configuration" in (
-        pod_info_from_object(obj, annotation_prefixes=None).annotations
-    )
+    wider = KeepRules().with_labels(["app", "bad"])
+    assert pod_info_from_object(obj, keep=wider).labels == {
+        "hami.io/vgpu-node": "node-a",
+        "app": "x",
+    }
 
 
 @pytest.mark.parametrize(
@@ -141,7 +149,8 @@ def test_pod_decoder_replaces_lone_surrogates_like_go() -> None:
         ' "annotations": {"hami.io/x": "\\ud800\\ud83d\\ude00"}},'
         ' "spec": {"containers": [{"name": "c\\ud800"}], "initContainers": [{"name": 1}]}}'
     )
-    pod = pod_info_from_object(json.loads(raw))
+    keep = KeepRules(labels=frozenset({"k\ud800"}), annotations=frozenset({"hami.io/x"}))
+    pod = pod_info_from_object(json.loads(raw), keep=keep)
     assert pod == PodInfo(
         uid="u\ufffd",
         namespace="ns\ufffd",
@@ -254,7 +263,9 @@ def _check_pod(pod: PodInfo) -> None:
         _exportable(key)
         _exportable(value)
     assert pod.uid
-    assert all(key.startswith("hami.io/") for key in pod.annotations)
+    assert set(pod.annotations) <= KeepRules().annotations
+    assert set(pod.labels) <= KeepRules().labels
+    assert held_bytes(pod) <= KeepRules().max_pod_bytes
 
 
 @given(st_metrics.pod_objects())
@@ -290,3 +301,133 @@ def test_any_watch_event_with_a_hostile_pod_decodes_or_raises_its_error(
             _check_pod(event.pod)
         _exportable(event.resource_version)
         _exportable(event.message)
+
+
+# What is kept: caps, cuts, budgets, the incremental list decoder ------------------------------
+
+
+def test_only_kept_keys_within_their_caps_are_kept_and_every_cut_is_reported() -> None:
+    keep = KeepRules(max_label_bytes=8, max_annotation_bytes=16, max_pod_bytes=10_000)
+    obj = _pod(
+        labels={"hami.io/vgpu-node": "n" * 9, **{f"l{i}": "v" for i in range(1000)}},
+        annotations={ALLOCATED_ANNOTATION: "é" * 9, "hami.io/vgpu-mig-allocations": "[]"},
+    )
+    cuts: list[Cut] = []
+    pod = pod_info_from_object(obj, keep=keep, on_cut=cuts.append)
+    assert pod.labels == {}
+    assert pod.annotations == {"hami.io/vgpu-mig-allocations": "[]"}
+    assert cuts == [
+        Cut("annotation-too-long", "ns", "p", ALLOCATED_ANNOTATION, 18),  # UTF-8 bytes
+        Cut("label-too-long", "ns", "p", "hami.io/vgpu-node", 9),
+    ]
+
+
+def test_a_pod_over_its_cap_keeps_only_its_identity() -> None:
+    obj = _pod(annotations={ALLOCATED_ANNOTATION: "x" * 60_000}) | {"status": {"phase": "Failed"}}
+    cuts: list[Cut] = []
+    pod = pod_info_from_object(obj, keep=KeepRules(max_pod_bytes=50_000), on_cut=cuts.append)
+    assert pod == PodInfo(uid="u1", namespace="ns", name="p", phase="Failed")
+    assert [(c.reason, c.key) for c in cuts] == [("pod-too-large", "")]
+    assert cuts[0].size > 60_000
+
+
+def test_budget_cuts_the_largest_pods_first_and_never_drops_one() -> None:
+    cuts: list[Cut] = []
+    budget = PodBudget(22_000, on_cut=cuts.append)
+    small = [
+        PodInfo(uid=f"s{i}", namespace="ok", name=f"s{i}", containers=("m",)) for i in range(5)
+    ]
+    big = [
+        PodInfo(uid=f"b{i}", namespace="evil", name=f"b{i}", annotations={"a": "x" * 6000})
+        for i in range(5)
+    ]
+    budget.put(big[0])
+    for pod in small:  # arriving after a large pod costs a small one nothing
+        budget.put(pod)
+    for pod in big[1:]:
+        budget.put(pod)
+    held = budget.pods()
+    assert set(held) == {p.uid for p in small + big}
+    assert all(held[p.uid] == p for p in small)
+    assert budget.total <= 22_000
+    assert sum(held[p.uid] == p for p in big) == 2  # what fits, the rest cut to identity
+    assert {c.reason for c in cuts} == {"total-too-large"}
+    assert {c.namespace for c in cuts} == {"evil"}
+    budget.remove("b4")
+    budget.put(big[4])  # room again: a pod is whole with its next change that fits
+    assert budget.pods()["b4"] == big[4]
+    assert len(budget) == 10
+
+
+def _list_body(items: list[object], meta: dict[str, object] | None = None) -> bytes:
+    doc = {"kind": "PodList", "metadata": meta or {"resourceVersion": "5"}, "items": items}
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 100_000])
+def test_list_decoder_gives_the_same_pods_in_any_chunks(chunk: int) -> None:
+    items: list[object] = [_pod(f"u{i}", labels={"hami.io/vgpu-node": "é" * i}) for i in range(20)]
+    items.insert(3, {"metadata": {}})
+    body = _list_body(items, {"resourceVersion": "5", "continue": "next", "other": [1, 2.5]})
+    skipped: list[int] = []
+    decoder = PodListDecoder(on_skip=lambda index, exc: skipped.append(index))
+    pods = []
+    for start in range(0, len(body), chunk):
+        pods += decoder.feed(body[start : start + chunk])
+    last, page = decoder.finish()
+    pods += last
+    assert page.resource_version == "5"
+    assert page.continue_token == "next"
+    assert skipped == [3]
+    assert pods == [pod_info_from_object(item) for item in items if item != {"metadata": {}}]
+
+
+def test_list_decoder_refuses_an_object_longer_than_its_cap_without_holding_the_rest() -> None:
+    decoder = PodListDecoder(max_object_bytes=10_000)
+    decoder.feed(b'{"metadata": {"resourceVersion": "1"}, "items": [{"metadata": {"uid": "')
+
+    def feed_on() -> None:
+        for _ in range(100):
+            decoder.feed(b"x" * 1000)
+
+    with pytest.raises(WatchDecodeError, match="longer than 10000"):
+        feed_on()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"metadata": {"resourceVersion": "1"}, "items": [{"metadata": {"uid": "a"}}',
+        b'{"metadata": {"resourceVersion": "1"}, "items": [{"metadata": {"uid": "a"}},]}',
+        b'{"metadata": {"resourceVersion": "1"}, "items": []} {}',
+        b'{"metadata": {"resourceVersion": "1"}, "items": [] ,}',
+    ],
+)
+def test_list_decoder_refuses_what_json_refuses(body: bytes) -> None:
+    with pytest.raises(ValueError):  # noqa: PT011 - the reference decoder's error
+        json.loads(body)
+    with pytest.raises(WatchDecodeError):
+        parse_pod_list(body)
+
+
+@given(st_metrics.pod_lists())
+def test_list_decoder_in_chunks_equals_the_whole_list(body: str) -> None:
+    raw = body.encode("utf-8", "surrogatepass")
+    whole = parse_pod_list(raw)
+    decoder = PodListDecoder()
+    pods = []
+    for start in range(0, len(raw), 13):
+        pods += decoder.feed(raw[start : start + 13])
+    last, page = decoder.finish()
+    assert (page.resource_version, (*pods, *last)) == whole
+
+
+def test_a_watch_event_reports_its_cuts_except_for_a_deleted_pod() -> None:
+    obj = _pod(annotations={ALLOCATED_ANNOTATION: "x" * (65 * 1024)})
+    for kind, reported in (("ADDED", 1), ("MODIFIED", 1), ("DELETED", 0)):
+        cuts: list[Cut] = []
+        line = json.dumps({"type": kind, "object": obj})
+        event = parse_watch_event(line, on_cut=cuts.append)
+        assert event.pod is not None
+        assert event.pod.annotations == {}
+        assert len(cuts) == reported

@@ -9,6 +9,7 @@ timeouts.  They assert no timing at all; the schedule is the MockClock tests' jo
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import json
@@ -28,6 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from hami_trio.errors import ConfigError, PodSourceError
 from hami_trio.pods.access import KubeAccess
+from hami_trio.pods.decode import KeepRules
 from hami_trio.pods.source import PodInfo, PodSource
 from hami_trio.pods.watch import (
     Backoff,
@@ -46,7 +48,9 @@ FAST = WatchSettings(
     list_timeout=5,
     read_grace=5,
     min_watch_duration=0.05,
+    keep=KeepRules().with_labels(["v"]),
 )
+MIG = "hami.io/vgpu-mig-allocations"
 
 
 # Backoff, settings, the source --------------------------------------------------------------
@@ -132,18 +136,18 @@ EMPTY_LIST = json.dumps({"metadata": {"resourceVersion": "7"}, "items": []}).enc
 
 class ScriptedResponse:
     """What ``list_pod_for_all_namespaces(_preload_content=False)`` returns: an aiohttp-like
-    response with a status, a body and a watch stream that ends at once."""
+    response with a status and a body (a watch's 200 stream is empty: it ends at once)."""
 
     def __init__(self, status: int, body: bytes) -> None:
         self.status = status
         self._body = body
         self.content = self
 
-    async def read(self) -> bytes:
-        return self._body
-
-    async def readline(self) -> bytes:
-        return b""  # the server ended the watch
+    async def read(self, n: int = -1) -> bytes:
+        """The body, ``n`` bytes at a time, then b"" (a watch's stream ends at once)."""
+        taken = self._body if n < 0 else self._body[:n]
+        self._body = self._body[len(taken) :]
+        return taken
 
     def close(self) -> None:
         pass
@@ -162,7 +166,8 @@ class ScriptedCore:
     async def list_pod_for_all_namespaces(self, **kwargs: object) -> ScriptedResponse:
         if kwargs.get("watch"):
             self.watches.append(trio.current_time())
-            return ScriptedResponse(self.watch_status, b'{"kind": "Status", "code": 503}')
+            status_body = b'{"kind": "Status", "code": 503}' if self.watch_status != 200 else b""
+            return ScriptedResponse(self.watch_status, status_body)
         self.lists.append(trio.current_time())
         return ScriptedResponse(self.list_status, EMPTY_LIST)
 
@@ -334,11 +339,11 @@ async def test_added_modified_deleted(
     source = await start_watch(nursery, access)
     await wait_until(lambda: source.ready)
     assert source.pods() == {}
-    uid = fake.add_pod("a", annotations={"hami.io/x": "1"})
+    uid = fake.add_pod("a", annotations={MIG: "1"})
     other = fake.add_pod("b", node="node-b")
     await wait_until(lambda: uid in source.pods())
-    fake.modify_pod(uid, annotations={"hami.io/x": "2"})
-    await wait_until(lambda: source.pods()[uid].annotations == {"hami.io/x": "2"})
+    fake.modify_pod(uid, annotations={MIG: "2", "hami.io/x": "3"})
+    await wait_until(lambda: source.pods()[uid].annotations == {MIG: "2"})
     fake.delete_pod(uid)
     await wait_until(lambda: uid not in source.pods())
     assert other not in source.pods()
@@ -576,3 +581,96 @@ async def test_cancelled_watch_shuts_down_cleanly(fake: FakeKubeApi, access: Kub
 
 def _living_tasks() -> int:
     return trio.lowlevel.current_statistics().tasks_living
+
+
+# Paginated lists, an expired continue token, what is kept ----------------------------------
+
+PAGED = dataclasses.replace(FAST, list_page_size=2)
+
+
+async def test_lists_are_paginated(nursery: trio.Nursery, tmp_path: Path) -> None:
+    fake = FakeKubeApi(paginate_cached_lists=True)
+    await nursery.start(fake.serve)
+    access = KubeAccess(
+        kubeconfig=write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{fake.port}")
+    )
+    uids = {fake.add_pod(f"p{i}") for i in range(5)}
+    fake.add_pod("elsewhere", node="node-b")
+    source = await start_watch(nursery, access, settings=PAGED)
+    await wait_until(lambda: source.authoritative)
+    assert pod_uids(source) == uids
+    pages = [r for r in fake.requests if not r.watch]
+    assert [r.params.get("limit") for r in pages] == ["2", "2", "2"]
+    assert [r.resource_version for r in pages] == ["0", None, None]  # a continue names none
+    assert [bool(r.params.get("continue")) for r in pages] == [False, True, True]
+
+
+async def test_an_expired_continue_token_restarts_the_list_cleanly(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    fake = FakeKubeApi(paginate_cached_lists=True)
+    await nursery.start(fake.serve)
+    access = KubeAccess(
+        kubeconfig=write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{fake.port}")
+    )
+    first, second, *_ = [fake.add_pod(f"p{i}") for i in range(5)]
+
+    def in_the_middle(pages: int) -> None:
+        if pages == 1:  # the first page (first, second) was read; then the cluster moves on
+            fake.delete_pod(first)
+            fake.modify_pod(second, labels={"v": "2"})
+            fake.add_pod("late")
+            fake.expire_continue_tokens()
+
+    fake.on_page = in_the_middle
+    source = await start_watch(nursery, access, settings=PAGED)
+    await wait_until(lambda: source.authoritative)
+    assert source.pods().keys() == fake.pods_on("node-a").keys()
+    assert first not in source.pods()
+    assert source.pods()[second].labels == {"v": "2"}
+    assert len(source.pods()) == 5
+    pages = [r for r in fake.requests if not r.watch]
+    # page 1, the expired continuation, then the whole list again as a consistent read
+    assert [bool(r.params.get("continue")) for r in pages] == [False, True, False, True, True]
+    assert pages[2].resource_version is None
+    assert source.relists == 0  # one list, started twice
+    await wait_until(lambda: fake.open_watches == 1)
+    assert watches(fake) == [str(fake.resource_version)]
+
+
+async def test_what_is_not_kept_is_counted(nursery: trio.Nursery, tmp_path: Path) -> None:
+    fake = FakeKubeApi()
+    await nursery.start(fake.serve)
+    access = KubeAccess(
+        kubeconfig=write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{fake.port}")
+    )
+    big = fake.add_pod("big", annotations={MIG: "x" * (65 * 1024)}, labels={"v": "1"})
+    registry = CollectorRegistry()
+    source = await start_watch(nursery, access, registry=registry)
+    await wait_until(lambda: source.authoritative)
+    assert source.pods()[big].annotations == {}
+    assert source.pods()[big].labels == {"v": "1"}
+
+    def cuts(reason: str) -> float | None:
+        return registry.get_sample_value("hami_trio_pod_watch_cuts_total", {"reason": reason})
+
+    assert cuts("annotation-too-long") == 1
+    assert cuts("pod-too-large") == cuts("total-too-large") == cuts("label-too-long") == 0
+    fake.modify_pod(big, annotations={MIG: "[]"})  # a change that fits is kept whole again
+    await wait_until(lambda: source.pods()[big].annotations == {MIG: "[]"})
+    assert cuts("annotation-too-long") == 1
+    held = registry.get_sample_value("hami_trio_pod_watch_held_bytes")
+    assert held is not None
+    assert 0 < held < 4096
+
+
+async def test_a_watch_event_larger_than_a_read_buffer_arrives_whole(
+    nursery: trio.Nursery, fake: FakeKubeApi, access: KubeAccess
+) -> None:
+    source = await start_watch(nursery, access)
+    await wait_until(lambda: fake.open_watches == 1)
+    value = "[" + "0" * 60_000 + "]"
+    uid = fake.add_pod("wide", annotations={MIG: value, "junk": "j" * 500_000})
+    await wait_until(lambda: uid in source.pods())
+    assert source.pods()[uid].annotations == {MIG: value}
+    assert source.relists == 0
