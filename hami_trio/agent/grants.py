@@ -8,7 +8,9 @@ priority.  Neither can be changed from inside the container, unlike its ``.cache
 Each allocated UUID becomes the 96-byte slot value HAMi-core writes for it (UTF-8,
 NUL-padded), so an honest file's slots equal its grant's.  A pod without the annotation, or
 with one that does not decode (the pod collector counts and logs that), gives no grants:
-its containers' files count alone, as upstream.
+its containers' files count alone, as upstream.  A pod whose annotation the pod watch had
+to leave out (too long, or the whole pod too large to keep) gives its containers nothing:
+a pod made too large must not earn the trust upstream gives a pod without an allocation.
 """
 
 from __future__ import annotations
@@ -39,12 +41,16 @@ def slot_value(uuid: str) -> bytes | None:
 
 def pod_grants(pod: PodInfo) -> Mapping[str, Grant] | None:
     """Container name -> its :class:`~hami_trio.monitor.feedback.Grant`; None when the pod
-    has no allocation annotation or it does not decode.
+    has no allocation annotation or it does not decode; an empty grant for each container
+    when the pod watch withheld the annotation.
 
     Every container named in the pod spec gets a grant (one the annotation gives nothing
     has no devices); a container the spec does not name gets none here, and the monitor
     counts it on no GPU either.
     """
+    if ALLOCATED_ANNOTATION in pod.withheld:
+        # It has an allocation the watch could not keep: count its containers on no GPU.
+        return {name: Grant(devices=(), priority=None) for name in pod.containers}
     raw = pod.annotations.get(ALLOCATED_ANNOTATION)
     if not raw:
         return None

@@ -183,8 +183,15 @@ def _is_identity(pod: PodInfo) -> bool:
 
 
 def _identity(pod: PodInfo) -> PodInfo:
-    """Only what names the pod: its container directories stay its own, nothing else."""
-    return PodInfo(uid=pod.uid, namespace=pod.namespace, name=pod.name, phase=pod.phase)
+    """Only what names the pod: its container directories stay its own, nothing else; the
+    annotations it had are marked withheld (known to exist, values unknown)."""
+    return PodInfo(
+        uid=pod.uid,
+        namespace=pod.namespace,
+        name=pod.name,
+        phase=pod.phase,
+        withheld=pod.withheld | frozenset(pod.annotations),
+    )
 
 
 def _text(value: str) -> str:
@@ -297,6 +304,9 @@ def pod_info_from_object(
         ),
         phase=_text(phase[:MAX_PHASE_CHARS]) if isinstance(phase, str) else "",
         priorities=spec_priorities(spec),
+        withheld=frozenset(
+            _text(key) for reason, key, _ in cuts if reason == "annotation-too-long"
+        ),
     )
     size = held_bytes(pod)
     if size > keep.max_pod_bytes:

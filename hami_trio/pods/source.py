@@ -46,6 +46,9 @@ class PodInfo:
     #: Container name -> the ``CUDA_TASK_PRIORITY`` its spec sets (``env``, else the priority
     #: resource; :mod:`hami_trio.pods.priority`), only for containers whose spec sets one.
     priorities: Mapping[str, int] = field(default_factory=lambda: _NO_PRIORITIES)
+    #: The annotations the agent uses that the pod watch had to leave out (too long, or the
+    #: whole pod kept as its identity only): the pod has them, their values are unknown.
+    withheld: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         # Copy caller-owned dicts so a later mutation cannot change a published PodInfo.

@@ -68,6 +68,23 @@ def test_no_usable_annotation_gives_no_grants(annotations: dict[str, str]) -> No
     assert pod_grants(pod) is None
 
 
+def test_a_withheld_annotation_gives_every_container_nothing() -> None:
+    pod = PodInfo(
+        uid="u", namespace="n", name="p", containers=("main", "side"),
+        withheld=frozenset({ALLOCATED_ANNOTATION}),
+    )  # fmt: skip
+    assert pod_grants(pod) == {"main": Grant(devices=(), priority=None),
+                               "side": Grant(devices=(), priority=None)}  # fmt: skip
+    assert (
+        pod_grants(
+            PodInfo(uid="u", namespace="n", name="p", withheld=frozenset({ALLOCATED_ANNOTATION}))
+        )
+        == {}
+    )
+    other = PodInfo(uid="u", namespace="n", name="p", withheld=frozenset({"hami.io/x"}))
+    assert pod_grants(other) is None  # not the allocation: upstream's behaviour
+
+
 def test_slot_value_is_what_hami_core_writes() -> None:
     assert slot_value(GPU_A) == slot(GPU_A)
     assert slot_value("x" * 96) == b"x" * 96
@@ -254,3 +271,32 @@ async def test_honest_priorities_still_block_as_upstream(
     assert [e["feedback"]["strays"] for e in document["containers"]] == [[], []]
     for reason in ("uuid", "priority"):
         assert stray(found, reason) == 0
+
+
+async def test_a_pod_made_too_large_to_keep_does_not_get_its_file_trusted(
+    hook: Path, mig_lock: Path, tmp_path: Path
+) -> None:
+    """The attack on the pod watch's caps: the attacker's pod carries its honest allocation
+    (A) but is made too large to keep - a 60 KiB MIG annotation it wrote itself and 3,000
+    init containers - so the watch keeps only its identity.  A pod without its allocation
+    must not fall back to trusting the file (which claims B at priority 0): it takes part
+    on no GPU, and the victim on B is never blocked."""
+    fake = FakeKubeApi()
+    async with trio.open_nursery() as outer:
+        await outer.start(fake.serve)
+        bad = fake.add_pod(
+            "attacker",
+            namespace="ns-attacker",
+            labels={NODE_LABEL: "node-a"},
+            annotations={**allocation(GPU_A), "hami.io/vgpu-mig-allocations": "x" * 60_000},
+            init_containers=[f"pad-{i:04d}-" + "p" * 50 for i in range(3000)],
+        )
+        good = add_pod(fake, "victim", [GPU_B], env=[{"name": "CUDA_TASK_PRIORITY", "value": "1"}])
+        attacker = add_region(hook, bad, uuids=[GPU_B], priority=0)
+        victim = add_region(hook, good, uuids=[GPU_B], priority=1)
+        blocked, _, _, found = await blocked_samples(
+            hook, mig_lock, tmp_path, fake, attacker, victim
+        )
+        fake.stop()
+    assert found[("hami_trio_pod_watch_cuts_total", frozenset({("reason", "pod-too-large")}))] >= 1
+    assert blocked == 0, f"victim blocked in {blocked} of {SAMPLES} samples"

@@ -316,6 +316,7 @@ def test_only_kept_keys_within_their_caps_are_kept_and_every_cut_is_reported() -
     pod = pod_info_from_object(obj, keep=keep, on_cut=cuts.append)
     assert pod.labels == {}
     assert pod.annotations == {"hami.io/vgpu-mig-allocations": "[]"}
+    assert pod.withheld == {ALLOCATED_ANNOTATION}  # it has one, too long to keep
     assert cuts == [
         Cut("annotation-too-long", "ns", "p", ALLOCATED_ANNOTATION, 18),  # UTF-8 bytes
         Cut("label-too-long", "ns", "p", "hami.io/vgpu-node", 9),
@@ -326,7 +327,13 @@ def test_a_pod_over_its_cap_keeps_only_its_identity() -> None:
     obj = _pod(annotations={ALLOCATED_ANNOTATION: "x" * 60_000}) | {"status": {"phase": "Failed"}}
     cuts: list[Cut] = []
     pod = pod_info_from_object(obj, keep=KeepRules(max_pod_bytes=50_000), on_cut=cuts.append)
-    assert pod == PodInfo(uid="u1", namespace="ns", name="p", phase="Failed")
+    assert pod == PodInfo(
+        uid="u1",
+        namespace="ns",
+        name="p",
+        phase="Failed",
+        withheld=frozenset({ALLOCATED_ANNOTATION}),
+    )
     assert [(c.reason, c.key) for c in cuts] == [("pod-too-large", "")]
     assert cuts[0].size > 60_000
 
@@ -352,6 +359,7 @@ def test_budget_cuts_the_largest_pods_first_and_never_drops_one() -> None:
     assert budget.total <= 22_000
     assert sum(held[p.uid] == p for p in big) == 2  # what fits, the rest cut to identity
     assert {c.reason for c in cuts} == {"total-too-large"}
+    assert all(held[p.uid].withheld == {"a"} for p in big if held[p.uid] != p)
     assert {c.namespace for c in cuts} == {"evil"}
     budget.remove("b4")
     budget.put(big[4])  # room again: a pod is whole with its next change that fits
