@@ -11,11 +11,12 @@ beside the agent the whole time:
 - creates ``.cache`` files whose names carry newlines, carriage returns and terminal escapes
   (no forged log line);
 
-a pod floods the metrics port with 500 connections a second that ask for ``/metrics`` with
-gzip and never read (every scrape still answers, 19 of 20 within 5 s, and every ``/healthz``
-within 5 s), and ordinary pod churn runs beside it: a pod with two ``.cache`` files every
-round, deleted about four rounds later (the removal queue must stay bounded, each directory
-gone within 30 s of its pod's deletion);
+beside it, 20 pods bound to the node carry 10,000 labels and a 200 KiB annotation each (the
+agent's peak RSS stays within twice its figure before them); a pod floods the metrics port
+with 500 connections a second that ask for ``/metrics`` with gzip and never read (every
+scrape still answers, 19 of 20 within 5 s, and every ``/healthz`` within 5 s); ordinary pod
+churn starts a pod with two ``.cache`` files every round and deletes it about four rounds
+later (the removal queue stays bounded, each directory gone within 30 s of its deletion);
 
 and this test, playing another tenant through the API server, cycles one pod's MIG
 allocation annotation and node label through hostile values (40 KB of nesting, lone
@@ -45,6 +46,7 @@ from hami_trio.broker.protocol import encode_response
 from hami_trio.testing.regions import MemoryUse, ProcSlot, RegionSpec, UtilUse, write_region
 from tests.agent.agent import AgentProcess, agent_env, http_get
 from tests.broker.wire import exchange
+from tests.pods.bloat import add_bloated_pods, memory_kib
 from tests.pods.fake_kube import FakeKubeApi
 from tests.pods.test_watch import write_kubeconfig
 from tests.sandbox import world_readable_dir
@@ -61,6 +63,10 @@ CHURN_PENDING_MAX = 50
 #: The metrics-port flood beside the attack (connections a second), and how long a
 #: /healthz probe may take during it.
 FLOOD_RATE = 500
+#: Pods bound to the node with 10,000 labels and a 200 KiB annotation each, and the bound on
+#: the agent's peak RSS as a multiple of its RSS before they came.
+BLOATED_PODS = 20
+BLOAT_RSS_FACTOR = 2.0
 PROBE_WITHIN = 5.0
 CHAIN_DEPTH = 3000
 FILES = 20_000
@@ -292,6 +298,18 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
     with AgentProcess(args, env) as agent:
         port = await trio.to_thread.run_sync(agent.wait_ready)
 
+        def timed_get() -> tuple[int, str, float]:
+            # Timed in the thread: the fake API server shares this test's event loop, and
+            # serving the bloated pods keeps it busy, which must not count as the agent's.
+            started = time.monotonic()
+            status, text = http_get(port)
+            return status, text, time.monotonic() - started
+
+        async def timed_scrape() -> tuple[str, float]:
+            status, text, took = await trio.to_thread.run_sync(timed_get)
+            assert status == 200, text[:2000]
+            return text, took
+
         async def scrape() -> str:
             status, text = await trio.to_thread.run_sync(http_get, port)
             assert status == 200, text[:2000]
@@ -311,6 +329,12 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
             p: v for p, v in samples(text, "hami_vgpu_memory_used_bytes").items() if p in good
         } == want_memory
         want_mig = dict.fromkeys(good, 1.0)
+
+        # Pods bound to the node that bloat the pod cache: 10,000 labels and a 200 KiB
+        # hami.io/ annotation each (they may be Failed and use no GPU).  The agent keeps what
+        # it uses of them and its memory stays within twice its figure before them.
+        before_bloat = memory_kib(agent.proc.pid)["VmRSS"]
+        add_bloated_pods(fake, count=BLOATED_PODS)
 
         tenant = await trio.lowlevel.open_process(
             [
@@ -382,9 +406,8 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
                     annotations={"hami.io/vgpu-mig-allocations": value},
                     labels={"hami.io/vgpu-node": "\ud800" * (round_ % 2) + "node-a"},
                 )
-                started = time.monotonic()
-                text = await scrape()
-                scrape_seconds.append(time.monotonic() - started)
+                text, took = await timed_scrape()
+                scrape_seconds.append(took)
                 scrapes += 1
                 with trio.fail_after(PROBE_WITHIN):
                     probe = await trio.to_thread.run_sync(http_get, port, "/healthz")
@@ -465,6 +488,10 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
         assert scrapes >= DURATION / 2
         assert exchanges == scrapes
 
+        peak = memory_kib(agent.proc.pid)["VmHWM"]
+        assert peak <= BLOAT_RSS_FACTOR * before_bloat, (peak, before_bloat)
+        cut = gauge_value(text, "hami_trio_pod_watch_cuts_total", {"reason": "annotation-too-long"})
+        assert cut >= BLOATED_PODS // 2, cut  # the even ones carry the allocation
         removed = gauge_value(text, "hami_trio_monitor_removals_total", {"outcome": "removed"})
         assert removed >= len(churn)
         with trio.fail_after(20):
@@ -472,7 +499,8 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
                 await trio.sleep(0.2)
                 text = await scrape()
         print(
-            f"soak {DURATION:g}s: {flooded['opened']} flood connections, "
+            f"soak {DURATION:g}s: {flooded['opened']} flood connections, {BLOATED_PODS} "
+            f"bloated pods (peak RSS {peak / before_bloat:.2f}x the {before_bloat} KiB before), "
             f"{len(churn)} churn pods removed (at most {max(pending):g} queued), {scrapes} "
             f"scrapes (slowest {max(scrape_seconds):.2f}s), {exchanges} broker exchanges, "
             f"{tick_count(text) - ticks_before:g} ticks, {len(gone_dirs)} gone directories "
