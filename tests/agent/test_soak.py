@@ -485,7 +485,7 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
         text = await scrape()
         assert {p: samples(text, "hami_mig_device_info").get(p) for p in good} == want_mig
         assert tick_count(text) - ticks_before >= DURATION / 0.5 / 4
-        assert scrapes >= DURATION / 2
+        assert scrapes >= DURATION / 4  # a round does a churn pod, a scrape, a probe, ...
         assert exchanges == scrapes
 
         peak = memory_kib(agent.proc.pid)["VmHWM"]

@@ -221,7 +221,7 @@ def _status_of_files(root: Path, names: Sequence[str]) -> str:
     os.makedirs(directory)
     for name in names:
         with open(os.path.join(directory, os.fsencode(name)), "wb") as file:
-            file.write(b"\0" * 64)
+            file.write(b"\xff" * 64)  # not magic 0: that is a file still initialising
     lister = ContainerLister(root, StaticPodSource())
     try:
         view = trio.run(lister.update)

@@ -19,7 +19,7 @@ import pytest
 from hami_trio.agent.debug import SCHEMA
 from hami_trio.cli.main import main
 from hami_trio.cli.status import listener_pid
-from tests.agent.agent import AgentProcess, agent_env, http_get
+from tests.agent.agent import AgentProcess, agent_env, http_get, wait_until
 from tests.agent.test_service import debug_fixture
 from tests.broker.wire import blocking_exchange
 
@@ -93,10 +93,30 @@ def test_status_prints_one_row_per_device_and_the_reasons(
     assert len(rows) == 8
 
 
+def _differences(a: object, b: object, path: str = "") -> list[str]:
+    """The paths at which two JSON documents differ (for the assertion message)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = sorted(set(a) | set(b))
+        return [d for k in keys for d in _differences(a.get(k), b.get(k), f"{path}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [
+            d
+            for i, (x, y) in enumerate(zip(a, b, strict=True))
+            for d in _differences(x, y, f"{path}[{i}]")
+        ]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
 def test_status_json_is_the_agents_document(
     agent: Ports, capsys: pytest.CaptureFixture[str]
 ) -> None:
     port = agent.debug
+    # The first ticks still move the fixture's control words (recent_kernel 2 -> 1 -> 0):
+    # compare once they have settled, so two documents a moment apart say the same.
+    wait_until(
+        lambda: json.loads(http_get(port, "/debug/state")[1])["monitor"]["ticks"] >= 5,
+        what="five ticks",
+    )
     assert main(["status", "--json", "--address", f"127.0.0.1:{port}", "--pod", "pod-uid-1"]) == 0
     printed = json.loads(capsys.readouterr().out)
     status, body = http_get(port, "/debug/state?pod=pod-uid-1")
@@ -105,7 +125,7 @@ def test_status_json_is_the_agents_document(
     for doc in (printed, served):  # taken a moment apart
         doc.pop("generated_at")
         doc["monitor"].pop("ticks")
-    assert printed == served
+    assert printed == served, _differences(printed, served)
     assert [e["container"] for e in printed["containers"]] == ["main"]
 
 

@@ -714,8 +714,10 @@ async def test_a_large_answer_goes_out_in_parts_and_is_never_held_whole(
     assert f"content-length: {len(whole)}".encode() in head.lower()
     assert count == len(whole)
     assert whole.startswith(start_of_body)
-    # the rendered pieces once (about the body's size) and a run at a time, not twice over
-    assert peak < 1.5 * len(whole), (peak, len(whole))
+    # the rendered pieces once (about the body's size) and a run at a time, not twice over:
+    # joining them would hold 2x and more; 1.52x was seen on a loaded machine (the runs and
+    # socket buffers waiting on a slow reader), so the bound sits between the two
+    assert peak < 1.75 * len(whole), (peak, len(whole))
     assert stats.held_bytes == 0
     # gzip (what Prometheus asks for) is compressed run by run: the same text
     zipped = await fetch(port, "/metrics", headers={"Accept-Encoding": "gzip"})
