@@ -28,11 +28,8 @@ from hami_trio._text import quote
 from hami_trio.metrics.exportstate import export_state
 from hami_trio.monitor.snapshot import UsageSnapshot
 from hami_trio.pods.allocated import (
-    ALLOCATED_ANNOTATION,
-    AllocatedAnnotationError,
     AllocatedDevice,
-    allocated_containers,
-    decode_allocated,
+    named_allocations,
 )
 from hami_trio.pods.source import PodInfo, PodSource
 
@@ -629,14 +626,9 @@ def allocation_of(pod: PodInfo, container: str) -> tuple[AllocatedDevice, ...] |
     """The devices ``hami.io/vgpu-devices-allocated`` gives ``container`` of ``pod``, in
     vdevice order; None when the pod has no allocation for it or the annotation is refused
     (the refusal is counted and logged by the pod collector, not here)."""
-    raw = pod.annotations.get(ALLOCATED_ANNOTATION)
-    if not raw:
+    named = named_allocations(pod.annotations, pod.init_containers, pod.containers)
+    if named is None:
         return None
-    try:
-        entries = decode_allocated(raw)
-    except AllocatedAnnotationError:
-        return None
-    named, _ = allocated_containers(pod.init_containers, pod.containers, entries)
     mine = tuple(entry.device for entry in named if entry.container == container)
     return mine or None
 

@@ -19,12 +19,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from hami_trio.monitor.feedback import Grant
-from hami_trio.pods.allocated import (
-    ALLOCATED_ANNOTATION,
-    AllocatedAnnotationError,
-    allocated_containers,
-    decode_allocated,
-)
+from hami_trio.pods.allocated import ALLOCATED_ANNOTATION, named_allocations
 from hami_trio.pods.source import PodInfo
 
 __all__ = ["pod_grants", "slot_value"]
@@ -51,14 +46,9 @@ def pod_grants(pod: PodInfo) -> Mapping[str, Grant] | None:
     if ALLOCATED_ANNOTATION in pod.withheld:
         # It has an allocation the watch could not keep: count its containers on no GPU.
         return {name: Grant(devices=(), priority=None) for name in pod.containers}
-    raw = pod.annotations.get(ALLOCATED_ANNOTATION)
-    if not raw:
+    named = named_allocations(pod.annotations, pod.init_containers, pod.containers)
+    if named is None:
         return None
-    try:
-        entries = decode_allocated(raw)
-    except AllocatedAnnotationError:
-        return None
-    named, _ = allocated_containers(pod.init_containers, pod.containers, entries)
     devices: dict[str, list[bytes]] = {name: [] for name in (*pod.init_containers, *pod.containers)}
     for entry in named:
         value = slot_value(entry.device.uuid)

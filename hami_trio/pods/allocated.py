@@ -24,7 +24,7 @@ pod's allocation rows out with one warning.  The rules: docs/metrics.md (allocat
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -40,6 +40,7 @@ __all__ = [
     "ContainerAllocation",
     "allocated_containers",
     "decode_allocated",
+    "named_allocations",
 ]
 
 #: The pod annotation HAMi's scheduler writes for NVIDIA vGPUs (its ``SupportDevices`` key).
@@ -228,3 +229,22 @@ def allocated_containers(
             for position, device in enumerate(devices)
         )
     return tuple(named), tuple(orphans)
+
+
+def named_allocations(
+    annotations: Mapping[str, str],
+    init_containers: Sequence[str],
+    containers: Sequence[str],
+) -> tuple[ContainerAllocation, ...] | None:
+    """The named devices of a pod's allocation annotation in ``annotations``
+    (:func:`decode_allocated`, then :func:`allocated_containers`); None when the pod has no
+    such annotation or it is refused (whoever reports refusals does so elsewhere)."""
+    raw = annotations.get(ALLOCATED_ANNOTATION)
+    if not raw:
+        return None
+    try:
+        entries = decode_allocated(raw)
+    except AllocatedAnnotationError:
+        return None
+    named, _ = allocated_containers(init_containers, containers, entries)
+    return named
