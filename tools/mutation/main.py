@@ -29,6 +29,7 @@ import difflib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -130,8 +131,17 @@ def _diff(original: str, mutant: str) -> str:
     )
 
 
+class _OverBudget(Exception):
+    """The time budget ran out while a module was being measured."""
+
+
 def _mutmut_pass(
-    target: Target, work: Path, tests: list[str], jobs: int, timeout: float
+    target: Target,
+    work: Path,
+    tests: list[str],
+    jobs: int,
+    timeout: float,
+    deadline: float | None,
 ) -> tuple[list[Outcome], str]:
     mutmut = Path(sys.executable).with_name("mutmut")
     if not mutmut.exists():
@@ -140,16 +150,25 @@ def _mutmut_pass(
         config.write(_mutmut_config(target, tests))
     log = work / "mutmut.log"
     with log.open("w") as out:
-        done = subprocess.run(
+        process = subprocess.Popen(
             [str(mutmut), "run", "--max-children", str(jobs)],
             cwd=work,
             env=_env(),
             stdout=out,
             stderr=subprocess.STDOUT,
-            check=False,
+            start_new_session=True,
         )
+        try:
+            returncode = process.wait(
+                timeout=None if deadline is None else deadline - time.monotonic()
+            )
+        except subprocess.TimeoutExpired:
+            # mutmut forks a worker per mutant: stop the whole session it leads.
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise _OverBudget from None
     meta = work / "mutants" / (target.path + ".meta")
-    if done.returncode != 0 or not meta.exists():
+    if returncode != 0 or not meta.exists():
         tail = log.read_text(errors="replace").replace("\r", "\n").splitlines()[-30:]
         raise SystemExit(f"mutmut failed on {target.module} (see {log}):\n" + "\n".join(tail))
     codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
@@ -188,7 +207,12 @@ def _mutmut_pass(
 
 
 def _constants_pass(
-    target: Target, work: Path, tests: list[str], jobs: int, timeout: float
+    target: Target,
+    work: Path,
+    tests: list[str],
+    jobs: int,
+    timeout: float,
+    deadline: float | None,
 ) -> list[Outcome]:
     source = (ROOT / target.path).read_text()
     mutants = constant_mutants(source)
@@ -199,6 +223,8 @@ def _constants_pass(
 
     def one(index: int) -> Outcome:
         mutant = mutants[index]
+        if deadline is not None and time.monotonic() > deadline:
+            raise _OverBudget
         copy = free.pop()
         try:
             module = copy / target.path
@@ -218,8 +244,11 @@ def _constants_pass(
         return list(pool.map(one, range(len(mutants))))
 
 
-def run_module(target: Target, scratch: Path, jobs: int) -> ModuleReport:
-    """Both passes over one module, classified (see the module docstring)."""
+def run_module(
+    target: Target, scratch: Path, jobs: int, deadline: float | None = None
+) -> ModuleReport:
+    """Both passes over one module, classified (see the module docstring); a module the
+    ``deadline`` (a ``time.monotonic()`` value) interrupts is reported as not finished."""
     tests = [t for t in target.tests if (ROOT / t).exists()]
     if not tests:
         return ModuleReport(target.module, note="no covering test file")
@@ -232,8 +261,12 @@ def run_module(target: Target, scratch: Path, jobs: int) -> ModuleReport:
     if clean != 0:
         raise SystemExit(f"{target.module}: the covering tests fail unmutated (rc {clean})")
     timeout = max(60.0, 10 * baseline)
-    outcomes, summary = _mutmut_pass(target, work, tests, jobs, timeout)
-    outcomes.extend(_constants_pass(target, work, tests, jobs, timeout))
+    try:
+        outcomes, summary = _mutmut_pass(target, work, tests, jobs, timeout, deadline)
+        outcomes.extend(_constants_pass(target, work, tests, jobs, timeout, deadline))
+    except _OverBudget:
+        _log(f"    stopped: over the budget after {time.monotonic() - start:.0f} s")
+        return ModuleReport(target.module, note="not finished within the budget")
     equivalents = load_equivalents(EQUIVALENTS.read_text()) if EQUIVALENTS.exists() else []
     classified, stale = classify(target.module, outcomes, equivalents)
     report = ModuleReport(target.module, classified, stale)
@@ -242,7 +275,10 @@ def run_module(target: Target, scratch: Path, jobs: int) -> ModuleReport:
 
 
 def _git(*args: str) -> str | None:
-    done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+    except OSError:  # no git at all: nothing to compare
+        return None
     return done.stdout.strip() if done.returncode == 0 else None
 
 
@@ -251,7 +287,8 @@ def changed_files() -> tuple[set[str] | None, str]:
 
     The base is the merge base with ``origin/main`` (or ``main``) when that is not HEAD
     itself, else the previous commit; a clone with a single commit (shallow or new) has
-    nothing to compare against and returns None.  Uncommitted changes count too.
+    nothing to compare against and returns None.  Uncommitted changes to tracked files
+    count too.
     """
     head = _git("rev-parse", "--verify", "-q", "HEAD")
     if head is None:
@@ -278,10 +315,10 @@ def _select(args: argparse.Namespace) -> list[Target]:
     if args.changed:
         changed, against = changed_files()
         if changed is None:
-            _log(f"mutation: no base to compare with ({against}); nothing to run")
+            print(f"mutation: no base to compare with ({against}); nothing to run", file=sys.stderr)
             return []
         chosen = targets_touched(changed)
-        _log(f"mutation: {against}: {len(chosen)} pure module(s) touched")
+        print(f"mutation: {against}: {len(chosen)} pure module(s) touched", file=sys.stderr)
         return chosen
     if not args.modules:
         return list(MODULES)
@@ -300,7 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the selection and stop")
     parser.add_argument("--jobs", type=int, default=1, help="parallel mutants (default 1)")
     parser.add_argument(
-        "--budget", type=float, default=0, help="seconds; modules not started by then are skipped"
+        "--budget",
+        type=float,
+        default=0,
+        help="seconds for the whole run; a module not finished by then is reported, not failed",
     )
     parser.add_argument("--show", action="store_true", help="print every survivor's diff")
     parser.add_argument("--json", type=Path, help="write every outcome to this file")
@@ -315,13 +355,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     scratch = args.scratch or Path(tempfile.mkdtemp(prefix="hami-trio-mutation-"))
     start = time.monotonic()
+    deadline = start + args.budget if args.budget else None
     reports: list[ModuleReport] = []
     for target in targets:
-        if args.budget and time.monotonic() - start > args.budget:
-            reports.append(ModuleReport(target.module, note="not reached: over the budget"))
+        if deadline is not None and time.monotonic() > deadline:
+            reports.append(ModuleReport(target.module, note="not reached within the budget"))
             continue
         _log(f"==> {target.module} ({', '.join(target.tests)})")
-        reports.append(run_module(target, scratch, max(1, args.jobs)))
+        reports.append(run_module(target, scratch, max(1, args.jobs), deadline))
     if not args.scratch:
         shutil.rmtree(scratch, ignore_errors=True)
     failed = False
