@@ -263,3 +263,19 @@ def test_incomplete_names_the_allocation() -> None:
     assert refusal(raw) == "duplicate MIG allocation for container 1 device 0"
     raw = json.dumps([REALISED, REALISED | {"containerIndex": 0}])
     assert len(decode_mig_allocations(raw)) == 2
+
+
+def test_absent_fields_take_go_zero_values() -> None:
+    # containerIndex and deviceIndex default to 0; absent text fields are empty (incomplete).
+    bare = {k: v for k, v in REALISED.items() if k not in ("containerIndex", "deviceIndex")}
+    (allocation,) = decode_mig_allocations(json.dumps([bare]))
+    assert (allocation.container_index, allocation.device_index) == (0, 0)
+    for field in ("gpuUUID", "profile"):
+        missing = {k: v for k, v in REALISED.items() if k != field}
+        assert refusal(json.dumps([missing])) == "MIG allocation 0 is incomplete"
+    assert refusal(one(placement=None)) == "MIG allocation 0 is incomplete"
+
+
+def test_unknown_keys_anywhere_are_skipped() -> None:
+    first = {"note": 1, **REALISED, "placement": {"x": 0, "start": 6, "size": 1}}
+    assert decode_mig_allocations(json.dumps([first])) == (LIVE,)
