@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,11 @@ def test_targets_touched_by_module_or_covering_test() -> None:
     assert [t.module for t in chosen] == ["goparse.py", "pods/allocated.py"]
     assert {t.module for t in MODULES} >= {"broker/protocol.py", "monitor/snapshot.py"}
     assert all(t.path.startswith("hami_trio/") and t.tests for t in MODULES)
+
+
+def test_every_covering_test_file_and_module_exists() -> None:
+    root = Path(__file__).resolve().parents[2]
+    for target in MODULES:
+        assert (root / target.path).is_file(), target.path
+        for test in target.tests:
+            assert (root / test).is_file(), test
