@@ -330,3 +330,32 @@ def test_merge_uses_the_given_host_paths_and_keeps_the_rest() -> None:
         annotations={"k": "v"},
         cdi_devices=("c",),
     )
+
+
+def test_the_accepted_spellings_are_exactly_the_documented_ones() -> None:
+    # from_dict's docstring lists them: Go's snake_case names, and protobuf's camelCase where
+    # it differs.  Any other key is refused, so the tables are the whole accepted set.
+    from hami_trio.allocation import response as module
+
+    accepted = {
+        name: set(keys) | set(keys.values())
+        for name, keys in (
+            ("response", module._RESPONSE_KEYS),
+            ("mount", module._MOUNT_KEYS),
+            ("device", module._DEVICE_KEYS),
+            ("cdi", module._CDI_KEYS),
+        )
+    }
+    assert accepted == {
+        "response": {"envs", "mounts", "devices", "annotations", "cdi_devices", "cdiDevices"},
+        "mount": {
+            "container_path",
+            "containerPath",
+            "host_path",
+            "hostPath",
+            "read_only",
+            "readOnly",
+        },
+        "device": {"container_path", "containerPath", "host_path", "hostPath", "permissions"},
+        "cdi": {"name"},
+    }

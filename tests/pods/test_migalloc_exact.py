@@ -279,3 +279,12 @@ def test_absent_fields_take_go_zero_values() -> None:
 def test_unknown_keys_anywhere_are_skipped() -> None:
     first = {"note": 1, **REALISED, "placement": {"x": 0, "start": 6, "size": 1}}
     assert decode_mig_allocations(json.dumps([first])) == (LIVE,)
+
+
+@pytest.mark.parametrize("field", ["gpuInstanceID", "computeInstanceID"])
+def test_null_clears_either_instance_id(field: str) -> None:
+    raw = one()[:-2] + f', "{field}": null' + "}]"
+    assert refusal(raw) == "MIG allocation 0 has partial runtime identity"
+    raw = one()[:-2] + f', "{field}": null, "{field}": 4' + "}]"
+    (allocation,) = decode_mig_allocations(raw)
+    assert 4 in (allocation.gpu_instance_id, allocation.compute_instance_id)
