@@ -245,7 +245,12 @@ def _constants_pass(
 
 
 def run_module(
-    target: Target, scratch: Path, jobs: int, deadline: float | None = None
+    target: Target,
+    scratch: Path,
+    jobs: int,
+    deadline: float | None = None,
+    *,
+    constants: bool = True,
 ) -> ModuleReport:
     """Both passes over one module, classified (see the module docstring); a module the
     ``deadline`` (a ``time.monotonic()`` value) interrupts is reported as not finished."""
@@ -263,13 +268,16 @@ def run_module(
     timeout = max(60.0, 10 * baseline)
     try:
         outcomes, summary = _mutmut_pass(target, work, tests, jobs, timeout, deadline)
-        outcomes.extend(_constants_pass(target, work, tests, jobs, timeout, deadline))
+        if constants:
+            outcomes.extend(_constants_pass(target, work, tests, jobs, timeout, deadline))
     except _OverBudget:
         _log(f"    stopped: over the budget after {time.monotonic() - start:.0f} s")
         return ModuleReport(target.module, note="not finished within the budget")
     equivalents = load_equivalents(EQUIVALENTS.read_text()) if EQUIVALENTS.exists() else []
     classified, stale = classify(target.module, outcomes, equivalents)
-    report = ModuleReport(target.module, classified, stale)
+    report = ModuleReport(
+        target.module, classified, stale, "" if constants else "no constants pass"
+    )
     _log(f"    {summary}; {report.total} in all, {time.monotonic() - start:.0f} s")
     return report
 
@@ -342,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="seconds for the whole run; a module not finished by then is reported, not failed",
     )
+    parser.add_argument(
+        "--no-constants", action="store_true", help="mutmut's pass only (a quicker look)"
+    )
     parser.add_argument("--show", action="store_true", help="print every survivor's diff")
     parser.add_argument("--json", type=Path, help="write every outcome to this file")
     parser.add_argument("--scratch", type=Path, help="work directory (default: a temp dir)")
@@ -362,7 +373,11 @@ def main(argv: list[str] | None = None) -> int:
             reports.append(ModuleReport(target.module, note="not reached within the budget"))
             continue
         _log(f"==> {target.module} ({', '.join(target.tests)})")
-        reports.append(run_module(target, scratch, max(1, args.jobs), deadline))
+        reports.append(
+            run_module(
+                target, scratch, max(1, args.jobs), deadline, constants=not args.no_constants
+            )
+        )
     if not args.scratch:
         shutil.rmtree(scratch, ignore_errors=True)
     failed = False

@@ -3,7 +3,8 @@
 A module's covering tests are the test files that mirror it (and their companions that pin
 its limits and messages); they must run in seconds, because every mutant runs them.  The
 slowest are ``monitor/layout.py``'s and ``monitor/snapshot.py``'s (10 to 25 s a run): the
-tests named here, not the whole suite, are what the score measures.  Order: cheapest first, so a time budget covers the most modules.
+tests named here, not the whole suite, are what the score measures.  Order: cheapest first,
+so a time budget covers the most modules.
 """
 
 from __future__ import annotations
