@@ -280,3 +280,17 @@ def test_apply_events() -> None:
     bookmark = apply_watch_event(added, WatchEvent(type="BOOKMARK", resource_version="1"))
     assert bookmark == added
     assert bookmark is not added
+
+
+@pytest.mark.parametrize("error", [RecursionError, ValueError])
+def test_an_error_object_the_encoder_cannot_write_gives_an_empty_message(
+    monkeypatch: pytest.MonkeyPatch, error: type[Exception]
+) -> None:
+    # Deeper than json.dumps' stack (the decoder's and the encoder's limits are close, so
+    # the failure is injected): the event is still an ERROR, with no code and no message.
+    def refuse(obj: object) -> str:
+        raise error("too deep")
+
+    line = json.dumps({"type": "ERROR", "object": {"code": 410, "reason": "Expired"}})
+    monkeypatch.setattr(json, "dumps", refuse)
+    assert parse_watch_event(line) == WatchEvent(type="ERROR", code=None, message="")
