@@ -294,3 +294,14 @@ def test_an_error_object_the_encoder_cannot_write_gives_an_empty_message(
     line = json.dumps({"type": "ERROR", "object": {"code": 410, "reason": "Expired"}})
     monkeypatch.setattr(json, "dumps", refuse)
     assert parse_watch_event(line) == WatchEvent(type="ERROR", code=None, message="")
+
+
+def test_fields_an_event_does_not_carry_are_empty() -> None:
+    bookmark = parse_watch_event(
+        json.dumps({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}})
+    )
+    assert (bookmark.pod, bookmark.code, bookmark.message) == (None, None, "")
+    error = parse_watch_event('{"type": "ERROR", "object": {"code": 500}}')
+    assert (error.resource_version, error.pod, error.code, error.message) == ("", None, 500, "")
+    added = parse_watch_event(json.dumps({"type": "ADDED", "object": POD}))
+    assert (added.code, added.message) == (None, "")
