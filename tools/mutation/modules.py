@@ -60,7 +60,11 @@ MODULES: tuple[Target, ...] = (
     Target(
         "monitor/layout.py",
         # test_layout_c.py checks every offset of the tables against gcc's offsetof.
-        ("tests/monitor/test_layout.py", "tests/monitor/test_layout_c.py"),
+        (
+            "tests/monitor/test_layout.py",
+            "tests/monitor/test_layout_c.py",
+            "tests/monitor/test_layout_exact.py",
+        ),
     ),
     Target("monitor/snapshot.py", ("tests/monitor/test_snapshot.py",)),
 )
