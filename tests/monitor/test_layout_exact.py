@@ -131,3 +131,23 @@ def test_rejections_word_for_word(size: int, data: bytes, reason: str, message: 
 def test_a_short_header_is_a_caller_error() -> None:
     with pytest.raises(ValueError, match=r"^classify needs the first 12 bytes, got 4$"):
         classify(2008952, b"\x00" * 4)
+
+
+def test_the_priority_word_and_the_control_field_names() -> None:
+    assert (V0.priority, V1.priority) == (1197892, 2008908)
+    assert [f.value for f in ControlField] == ["recent_kernel", "utilization_switch"]
+
+
+def test_reject_reasons_are_the_documented_label_values() -> None:
+    # The reason label of hami_trio_monitor_files_rejected_total (docs/metrics.md).
+    assert [r.value for r in RejectReason] == [
+        "too_small",
+        "magic",
+        "unknown_version",
+        "not_regular_file",
+        "hard_link",
+        "replaced",
+        "truncated",
+        "io_error",
+        "too_many_files",
+    ]
