@@ -1,0 +1,1 @@
+"""Mutation testing of the pure cores (``tools/mutation/run``; docs/testing.md)."""
