@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from hami_trio.demo.sandbox import NOBODY, drop_privileges, enter_namespaces, mount_proc
-from tests.tools import need
+from tests.programs import need
 
 __all__ = [
     "NOBODY",

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench._storm import parse_storm
-from tests.tools import need
+from tests.programs import need
 
 ROOT = Path(__file__).resolve().parents[2]
 PYSTORM = ROOT / "bench" / "pystorm.py"

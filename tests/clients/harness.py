@@ -33,8 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.programs import need
 from tests.sandbox import NOBODY, world_readable_dir
-from tests.tools import need
 
 __all__ = [
     "C_SOURCES",
