@@ -93,8 +93,8 @@ def test_classify_at_each_boundary(size: int, major: int, expected: object) -> N
             header(magic=7, major=1, minor=2),
             RejectReason.MAGIC,
             "cache file magic flag not matched: found 7, expected 19920718 (size 2008952, "
-            "header version 1.2); HAMi-core and the monitor disagree on the format, upgrade "
-            "them together",
+            "header version 1.2): not a HAMi-core shared-region file (every HAMi-core version "
+            "writes that magic), or a damaged one",
         ),
         (
             2008984,

@@ -1,7 +1,7 @@
 """The Kubernetes decoders' outputs and messages, pinned exactly.
 
 test_decode.py checks the decoders against the API's shapes; these tests pin each field's
-default, the 32-character phase cut, the annotation prefix filter, the surrogate rule, the
+default, the 32-character phase cut, the kept keys, the surrogate rule, the
 200- and 1000-character cuts of a Status message and the words of each refusal (the watch
 logs them when it relists).
 """
@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
+from hami_trio.pods.allocated import ALLOCATED_ANNOTATION
 from hami_trio.pods.decode import (
     MAX_PHASE_CHARS,
+    KeepRules,
     WatchDecodeError,
     WatchEvent,
     apply_watch_event,
@@ -31,8 +33,8 @@ POD: dict[str, Any] = {
         "namespace": "team",
         "name": "p",
         "resourceVersion": "7",
-        "annotations": {"hami.io/a": "1", "other/b": "2"},
-        "labels": {"app": "x"},
+        "annotations": {ALLOCATED_ANNOTATION: "1", "other/b": "2"},
+        "labels": {"hami.io/vgpu-node": "n", "app": "x"},
     },
     "spec": {"containers": [{"name": "main"}], "initContainers": [{"name": "setup"}]},
     "status": {"phase": "Running"},
@@ -43,8 +45,8 @@ INFO = PodInfo(
     name="p",
     containers=("main",),
     init_containers=("setup",),
-    annotations={"hami.io/a": "1"},
-    labels={"app": "x"},
+    annotations={ALLOCATED_ANNOTATION: "1"},
+    labels={"hami.io/vgpu-node": "n"},
     phase="Running",
 )
 
@@ -57,13 +59,9 @@ def refusal(call: Any, *args: Any) -> str:
 
 def test_a_whole_pod() -> None:
     assert pod_info_from_object(POD) == INFO
-    assert pod_info_from_object(POD, annotation_prefixes=None).annotations == {
-        "hami.io/a": "1",
-        "other/b": "2",
-    }
-    assert pod_info_from_object(POD, annotation_prefixes=("other/", "x/")).annotations == {
-        "other/b": "2"
-    }
+    wider = KeepRules(labels=frozenset({"app"}), annotations=frozenset({"other/b", "x/c"}))
+    kept = pod_info_from_object(POD, keep=wider)
+    assert (kept.labels, kept.annotations) == ({"app": "x"}, {"other/b": "2"})
 
 
 def test_the_minimal_pod_has_empty_fields() -> None:
@@ -88,7 +86,7 @@ def test_malformed_entries_are_left_out() -> None:
         "metadata": {"uid": "u", "labels": {"ok": "1", "n": 2, "l": None}},
         "spec": {"containers": [{"name": "a"}, {"name": 1}, "b", {}, {"name": "c"}]},
     }
-    info = pod_info_from_object(pod)
+    info = pod_info_from_object(pod, keep=KeepRules(labels=frozenset({"ok", "n", "l"})))
     assert info.containers == ("a", "c")
     assert info.labels == {"ok": "1"}
 
@@ -114,7 +112,8 @@ def test_lone_surrogates_become_replacement_characters_everywhere() -> None:
         "status": {"phase": s},
     }
     fixed = "x\ufffdy"
-    info = pod_info_from_object(pod)
+    keep = KeepRules(labels=frozenset({s}), annotations=frozenset({"hami.io/" + s}))
+    info = pod_info_from_object(pod, keep=keep)
     assert (info.uid, info.namespace, info.name, info.phase) == (fixed,) * 4
     assert info.containers == info.init_containers == (fixed,)
     assert info.labels == {fixed: fixed}
@@ -150,8 +149,9 @@ def test_a_pod_list_and_its_skipped_items() -> None:
     assert (rv, pods) == ("42", (INFO, INFO))
     assert skipped == [(1, "pod has no metadata.uid"), (2, "expected a JSON object, got int")]
     assert parse_pod_list(body.encode()) == ("42", (INFO, INFO))  # no on_skip: still kept
-    everything = parse_pod_list(body, annotation_prefixes=None)[1][0].annotations
-    assert everything == {"hami.io/a": "1", "other/b": "2"}
+    wider = KeepRules(annotations=frozenset({ALLOCATED_ANNOTATION, "other/b"}))
+    everything = parse_pod_list(body, keep=wider)[1][0].annotations
+    assert everything == {ALLOCATED_ANNOTATION: "1", "other/b": "2"}
 
 
 def test_null_items_is_an_empty_list() -> None:
@@ -162,10 +162,10 @@ def test_null_items_is_an_empty_list() -> None:
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ("x", "pod list is not JSON: Expecting value: line 1 column 1 (char 0)"),
+        ("x", "pod list is not JSON: expected '{' at 0, got 'x'"),
         (b"\xff", "pod list is not JSON: "),
-        ("[" * 100_000, "pod list is not JSON: nested too deeply"),
-        ("[]", "expected a JSON object, got list"),
+        ("[" * 100_000, "pod list is not JSON: expected '{' at 0, got '['"),
+        ("[]", "pod list is not JSON: expected '{' at 0, got '['"),
         ('{"metadata": {}}', "pod list has no metadata.resourceVersion"),
         ('{"metadata": {"resourceVersion": ""}}', "pod list has no metadata.resourceVersion"),
         ('{"metadata": {"resourceVersion": 1}}', "pod list has no metadata.resourceVersion"),
@@ -216,9 +216,8 @@ def test_object_events(kind: str) -> None:
     assert event == WatchEvent(type=kind, resource_version="7", pod=INFO)  # type: ignore[arg-type]
     no_rv = {**POD, "metadata": {**POD["metadata"], "resourceVersion": 7}}
     assert parse_watch_event(json.dumps({"type": kind, "object": no_rv})).resource_version == ""
-    everything = parse_watch_event(
-        json.dumps({"type": kind, "object": POD}), annotation_prefixes=None
-    )
+    wider = KeepRules(annotations=frozenset({ALLOCATED_ANNOTATION, "other/b"}))
+    everything = parse_watch_event(json.dumps({"type": kind, "object": POD}), keep=wider)
     assert everything.pod is not None
     assert len(everything.pod.annotations) == 2
 
