@@ -8,8 +8,6 @@ characters without splitting an escape.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 
 from hami_trio.metrics.exportstate import (
@@ -17,43 +15,9 @@ from hami_trio.metrics.exportstate import (
     EXPORT_STATES,
     NODE_LABEL,
     ExportDecision,
-    export_state,
 )
 from hami_trio.pods.source import PodInfo
-
-
-@dataclass(frozen=True)
-class Rejected:
-    reason: str = "magic"
-    message: str = "/h/containers/u_main/x.cache: magic 0x0"
-
-
-@dataclass(frozen=True)
-class Dir:
-    pod_uid: str = "u"
-    container_name: str = "main"
-    snapshot: object | None = object()
-    rejection: Rejected | None = None
-
-
-def pod(**kwargs: object) -> PodInfo:
-    fields: dict[str, object] = {
-        "uid": "u",
-        "namespace": "team-a",
-        "name": "trainer-0",
-        "containers": ("main",),
-        "init_containers": ("setup",),
-        "labels": {NODE_LABEL: "node-a"},
-        "phase": "Running",
-    }
-    fields.update(kwargs)
-    return PodInfo(**fields)  # type: ignore[arg-type]
-
-
-def decide(
-    container: Dir, found: PodInfo | None, *, kubernetes: bool = True, paused: bool = False
-) -> ExportDecision:
-    return export_state(container, found, node_name="node-a", kubernetes=kubernetes, paused=paused)
+from tests.metrics.test_exportstate import Dir, Rejected, decide, pod
 
 
 def test_the_documented_names() -> None:
