@@ -197,7 +197,7 @@ async def scrape_latency(monitor: object) -> Figures:
             StaticPodSource(),
             node_name="bench",
             kubernetes=False,
-            insights=monitor.insights,  # the process, limit and feedback-state families
+            insights=True,  # the process, limit and feedback-state families
         )
     )
 
@@ -285,7 +285,7 @@ async def render_after_ticks(monitor: object, change: Callable[[int], None]) -> 
             StaticPodSource(),
             node_name="bench",
             kubernetes=False,
-            insights=monitor.insights,
+            insights=True,
         )
     )
     render_metrics(registry, "", [])  # label strings rendered, as after the first scrape

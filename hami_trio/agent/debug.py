@@ -255,6 +255,8 @@ class MonitorSummary:
     removals_pending: int = 0
     checks_liveness: bool | None = None
     foreign_writer: bool = False
+    #: Unix time of the usage read the containers' usage comes from (None: none yet).
+    usage_read_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -511,7 +513,7 @@ def debug_state(
     """The whole debug document (docs/debug.md): summaries and one entry per container.
 
     Args:
-        containers: the monitor's latest tick (``Monitor.containers()``).
+        containers: the monitor's latest tick as of a usage read (``Monitor.usage()``).
         pod_source: whom to ask which pod a directory belongs to.
         now: Unix time the document describes (``generated_at``).
         node_name: this node.
@@ -565,6 +567,7 @@ def debug_state(
             "foreign_writer": monitor.foreign_writer,
             "removals_pending": monitor.removals_pending,
             "checks_liveness": monitor.checks_liveness,
+            "usage_read_at": monitor.usage_read_at,
             "containers_total": len(containers),
             "by_status": dict(sorted(by_status.items())),
             "by_export_state": None if by_export is None else dict(sorted(by_export.items())),

@@ -17,6 +17,7 @@ Service), but an address it cannot bind fails the start like the metrics port's.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import stat
@@ -441,12 +442,9 @@ class _Agent:
             grants=None if config.kubernetes is None else pod_grants,
         )
         self.monitor = monitor
-        process_state, blocking = insight_extras(
-            monitor.insights, wall_offset=time.time() - trio.current_time()
-        )
+        # The process and blocking extras are made per document, over its usage read.
+        self._wall_offset = time.time() - trio.current_time()
         self.debug_extras = DebugExtras(
-            process_state=process_state,
-            blocking=blocking,
             allocation=allocation_of,
             export=export_of(
                 node_name=config.node_name,
@@ -464,7 +462,7 @@ class _Agent:
             all_pods=all_pods,
             host=sampler,
             legacy=config.legacy_metrics,
-            insights=monitor.insights,
+            insights=True,
         )
         if all_pods is not None:  # allocations and pod metadata come from Kubernetes
             # Registered first: a scrape collects in registration order, so the pod rows'
@@ -515,6 +513,8 @@ class _Agent:
                 # One body per tick: every scrape between two ticks shares it.
                 freshness=monitor_config.interval,
                 generation=lambda: monitor.ticks,
+                # The usage read a body shows, made before the registry is collected.
+                prepare=monitor.usage,
             ),
         )
         debug_bound: BindAddress | None = None
@@ -610,8 +610,16 @@ class _Agent:
                 relists=watch.relists,
                 node_name=watch.node_name,
             )
+        # One usage read for the document: its containers and insights belong together.
+        usage = monitor.usage()
+        process_state, blocking = insight_extras(
+            lambda: usage.insights, wall_offset=self._wall_offset
+        )
+        extras = dataclasses.replace(
+            self.debug_extras, process_state=process_state, blocking=blocking
+        )
         return debug_state(
-            monitor.containers(),
+            usage.containers,
             pod_source,
             now=time.time(),
             node_name=self.config.node_name,
@@ -625,10 +633,11 @@ class _Agent:
                 removals_pending=monitor.lister.removals_pending,
                 checks_liveness=monitor.checks_liveness,
                 foreign_writer=monitor.foreign_writer,
+                usage_read_at=usage.read_at,
             ),
             pods=pods,
             broker=self._broker_summary(),
-            extras=self.debug_extras,
+            extras=extras,
             selection=selection,
         )
 

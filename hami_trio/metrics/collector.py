@@ -140,11 +140,25 @@ class ContainerView(Protocol):
     def rejection(self) -> RejectionView | None: ...
 
 
+class UsageViewLike(Protocol):
+    """One usage read of the monitor (:class:`~hami_trio.monitor.usage.UsageView`)."""
+
+    @property
+    def containers(self) -> Mapping[Any, ContainerView]:
+        """The latest tick's containers as of the read (immutable)."""
+        ...
+
+    @property
+    def insights(self) -> Mapping[Any, InsightView]:
+        """Per loaded container: processes, control words, blocking counters."""
+        ...
+
+
 class MonitorView(Protocol):
     """The monitor as the collector reads it."""
 
-    def containers(self) -> Mapping[Any, ContainerView]:
-        """The latest completed tick's containers (immutable)."""
+    def usage(self) -> UsageViewLike:
+        """A usage view no older than the freshness window (reads when it is older)."""
         ...
 
     @property
@@ -174,7 +188,7 @@ class BlockView(Protocol):
 
 
 class InsightView(Protocol):
-    """What the monitor derived for one container in its latest tick (its ``insights()``)."""
+    """What the monitor derived for one container in a usage read (``usage().insights``)."""
 
     @property
     def processes(self) -> ProcessCountsView: ...
@@ -741,9 +755,8 @@ class VGpuCollector(Collector):
         host: the NVML sampler for host GPU families; None: no host families.
         legacy: also export upstream's legacy names and labels.
         wall_clock: Unix time for ``last_kernel_elapsed`` (tests inject one).
-        insights: the monitor's per-container insights of its latest tick, by the same keys
-            as ``monitor.containers()`` (``Monitor.insights``); None: no process, limit and
-            feedback-state families.
+        insights: also export the process, limit and feedback-state families (from the
+            usage view's ``insights``).
     """
 
     def __init__(
@@ -757,7 +770,7 @@ class VGpuCollector(Collector):
         host: HostGpuSampler | None = None,
         legacy: bool = False,
         wall_clock: Callable[[], float] = time.time,
-        insights: Callable[[], Mapping[Any, InsightView]] | None = None,
+        insights: bool = False,
     ) -> None:
         self._monitor = monitor
         self._pods = pod_source
@@ -857,10 +870,12 @@ class VGpuCollector(Collector):
         now = int(self._clock())
         paused = self._monitor.paused
         states: dict[ExportState, int] = dict.fromkeys(EXPORT_STATES, 0)
-        insights: Mapping[Any, InsightView] = {} if self._insights is None else self._insights()
+        # One usage read for the whole scrape: its containers and insights belong together.
+        view = self._monitor.usage()
+        insights: Mapping[Any, InsightView] = view.insights if self._insights else {}
         previous = self._rendered
         rendered: dict[Any, _ContainerRows] = {}
-        for key, container in list(self._monitor.containers().items()):
+        for key, container in list(view.containers.items()):
             try:
                 decision = export_state(
                     container,

@@ -196,6 +196,13 @@ def render_pieces(
     return parts, content_type
 
 
+def _prepared(
+    prepare: Callable[[], object], registry: CollectorRegistry, accept: str, names: list[str]
+) -> tuple[list[bytes], str]:
+    prepare()
+    return render_pieces(registry, accept, names)
+
+
 def progress_check(
     progress: Callable[[], int],
     *,
@@ -347,6 +354,7 @@ async def serve_http(
     max_concurrent_scrapes: int = 2,
     freshness: float = 0.0,
     generation: Callable[[], Hashable] | None = None,
+    prepare: Callable[[], object] | None = None,
     limits: HttpLimits | None = None,
     stats: HttpStats | None = None,
     task_status: trio.TaskStatus[BindAddress] = trio.TASK_STATUS_IGNORED,
@@ -365,6 +373,9 @@ async def serve_http(
             monitor interval); 0: only scrapes that arrive during a render share it.
         generation: a body is never reused once this returns another value (the agent:
             the monitor's tick count); see :class:`ScrapeCache`.
+        prepare: called at the start of every render, in its worker thread, before the
+            registry is collected (the agent: the monitor's usage read, so that its own
+            self-metrics describe the read this body shows).
         limits: what one client may cost (default :class:`HttpLimits`).
         stats: where the counters go (tests read them); a new one by default.
         task_status: ``started()`` receives the bound address (the real port when ``bind``
@@ -376,7 +387,9 @@ async def serve_http(
     limits = limits or HttpLimits()
     stats = stats or HttpStats()
     cache = ScrapeCache(
-        partial(render_pieces, registry),
+        partial(render_pieces, registry)
+        if prepare is None
+        else partial(_prepared, prepare, registry),
         window=freshness,
         generation=generation,
         max_concurrent=max_concurrent_scrapes,

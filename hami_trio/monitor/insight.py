@@ -34,6 +34,7 @@ from hami_trio.monitor.snapshot import DeviceUsage, UsageSnapshot
 
 __all__ = [
     "DIRECT_CHECKS",
+    "NEVER_BLOCKED",
     "BlockState",
     "BlockTracker",
     "ContainerInsight",
@@ -212,6 +213,8 @@ class BlockTracker(Generic[K]):
         """Record whether ``key`` is blocked after this tick; its new state."""
         last = self._states.get(key)
         if last is None:
+            if not blocked:
+                return _NEVER_BLOCKED  # never blocked: nothing to carry (the usual case)
             last = _NEVER_BLOCKED
         if last.blocked:
             seconds = last.seconds + self._elapsed
@@ -226,6 +229,12 @@ class BlockTracker(Generic[K]):
             state = last  # not blocked before or now: nothing changes
         self._next[key] = state
         return state
+
+    def states(self) -> Mapping[K, BlockState]:
+        """The counters of every container blocked at least once, as of the latest finished
+        tick (never changed afterwards: the next tick builds a new mapping); any other
+        container's are :data:`NEVER_BLOCKED`."""
+        return self._states
 
     def finish(self) -> None:
         """End the tick: containers not stepped are forgotten.  A tick that never finishes
@@ -242,7 +251,7 @@ class BlockTracker(Generic[K]):
         return states
 
 
-_NEVER_BLOCKED = BlockState()
+_NEVER_BLOCKED = NEVER_BLOCKED = BlockState()
 
 
 class ContainerInsight(NamedTuple):

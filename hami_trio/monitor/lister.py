@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import trio
 
@@ -52,7 +52,7 @@ from hami_trio.monitor.remover import (
     TreeRemover,
     remove_queued,
 )
-from hami_trio.monitor.snapshot import UsageSnapshot, _constructor
+from hami_trio.monitor.snapshot import TickSnapshot, UsageSnapshot, _constructor
 from hami_trio.monitor.watch import DirectoryWatch
 from hami_trio.pods.source import PodSource
 
@@ -168,15 +168,22 @@ class Rejection(NamedTuple):
     message: str
 
 
+#: What a container state carries of its region: the tick's part or the usage read's.
+S = TypeVar("S", TickSnapshot, UsageSnapshot)
+
+
 @dataclass(frozen=True, slots=True)
-class ContainerState:
-    """One container as of the latest tick.  Immutable; safe to share between tasks."""
+class ContainerState(Generic[S]):
+    """One container as of the latest tick (``snapshot``: a
+    :class:`~hami_trio.monitor.snapshot.TickSnapshot`) or usage read (a
+    :class:`~hami_trio.monitor.snapshot.UsageSnapshot`).  Immutable; safe to share between
+    tasks and threads."""
 
     key: ContainerKey
     directory: str
     cache_file: str | None
     status: ContainerStatus
-    snapshot: UsageSnapshot | None
+    snapshot: S | None
     rejection: Rejection | None
 
     @property
@@ -190,7 +197,10 @@ class ContainerState:
         return self.key.container_name
 
 
-_new_container_state: Callable[..., ContainerState] = _constructor(ContainerState)
+#: ``ContainerState(*fields)``, faster (see snapshot's ``_constructor``); either kind.
+new_container_state: Callable[..., Any] = _constructor(ContainerState)
+#: A container as of the latest tick.
+TickState = ContainerState[TickSnapshot]
 
 
 class _Tracked:
@@ -216,7 +226,7 @@ class _Tracked:
         #: directory (what the identity check stats every tick).
         self.cache_path = ""
         self.last_reason: RejectReason | None = None
-        self.last_state: ContainerState | None = None
+        self.last_state: TickState | None = None
         #: Consecutive ticks its file read with magic 0 (HAMi-core still initialising it).
         self.initialising = 0
 
@@ -287,7 +297,8 @@ class ContainerLister:
         self._warned: set[str] = set()
         self._root_missing_logged = False
         self._limiter = RateLimiter(log_interval, max_keys=4096)
-        self._view: Mapping[ContainerKey, ContainerState] = MappingProxyType({})
+        self._view: Mapping[ContainerKey, TickState] = MappingProxyType({})
+        self._handles: Mapping[ContainerKey, RegionHandle] = MappingProxyType({})
         self._work = 0  # units since the last checkpoint (see the module docstring)
         self._watch = DirectoryWatch(max_watches, log_interval=log_interval)
         self._on_watch_fallback = on_watch_fallback
@@ -296,13 +307,19 @@ class ContainerLister:
 
     # -- the read-only view ----------------------------------------------------------------
 
-    def containers(self) -> Mapping[ContainerKey, ContainerState]:
+    def containers(self) -> Mapping[ContainerKey, TickState]:
         """The latest tick's containers (immutable; see the module docstring)."""
         return self._view
 
     def tracked_names(self) -> frozenset[str]:
         """The container directories the lister follows (open handle or not) right now."""
         return frozenset(self._tracked)
+
+    def handles(self) -> Mapping[ContainerKey, RegionHandle]:
+        """The handle each loaded container of the latest tick was read through (immutable,
+        published with :meth:`containers`; a usage read pins a handle before reading, as
+        the tick may close it at any time: see :class:`~hami_trio.monitor.region.RegionHandle`)."""
+        return self._handles
 
     def handle_of(self, dirname: str) -> RegionHandle | None:
         """The open region handle of container directory ``dirname``, if it has one."""
@@ -327,7 +344,7 @@ class ContainerLister:
 
     # -- one tick --------------------------------------------------------------------------
 
-    async def update(self) -> Mapping[ContainerKey, ContainerState]:
+    async def update(self) -> Mapping[ContainerKey, TickState]:
         """Scan, clean up, read every container, publish and return the new view.
 
         Checkpoints every :data:`WORK_PER_CHECKPOINT` units of work (see the module
@@ -349,6 +366,7 @@ class ContainerLister:
                 self._root_missing_logged = True
             self._forget(set())
             self._view = MappingProxyType({})
+            self._handles = MappingProxyType({})
             return self._view
         except OSError as exc:
             if exc.errno in _NO_DESCRIPTORS:
@@ -359,6 +377,7 @@ class ContainerLister:
             )
             self._forget(set())
             self._view = MappingProxyType({})
+            self._handles = MappingProxyType({})
             return self._view
         self._root_missing_logged = False
         self._work = 0
@@ -381,9 +400,11 @@ class ContainerLister:
                     logger, logging.ERROR, "root", "cannot list %s: %s", self._root, exc.strerror
                 )
                 entries = []
-            states: dict[ContainerKey, ContainerState] = {}
+            states: dict[ContainerKey, TickState] = {}
+            handles: dict[ContainerKey, RegionHandle] = {}
             seen: set[str] = set()
             now = self._wall_clock()
+            tracked_of = self._tracked
             for entry in entries:
                 state = self._visit(root_fd, entry, now)
                 if state is not None:
@@ -391,6 +412,10 @@ class ContainerLister:
                         state = await self._list_pending(root_fd, state)
                     seen.add(entry.name)
                     states[state.key] = state
+                    if state.snapshot is not None:
+                        handle = tracked_of[entry.name].handle
+                        if handle is not None:
+                            handles[state.key] = handle
                 self._work += CONTAINER_WORK
                 if self._work >= WORK_PER_CHECKPOINT:
                     await trio.lowlevel.checkpoint()
@@ -404,6 +429,7 @@ class ContainerLister:
         self._watch.tick_done()
         self._warned.intersection_update(entry.name for entry in entries)
         self._view = MappingProxyType(states)
+        self._handles = MappingProxyType(handles)
         if self._removing:
             self._removal_wanted.set()  # one removal step per tick (serve_removals)
         return self._view
@@ -431,7 +457,7 @@ class ContainerLister:
             exc.strerror or exc,
         )
 
-    def _kept(self, tracked: _Tracked, exc: BaseException | None) -> ContainerState | None:
+    def _kept(self, tracked: _Tracked, exc: BaseException | None) -> TickState | None:
         """The container's last state, when ``exc`` (or its cause) is only "out of
         descriptors": nothing is known against the file, so it is not refused for it."""
         if isinstance(exc, CacheFileRejected):
@@ -454,7 +480,7 @@ class ContainerLister:
 
     def _visit(
         self, root_fd: int, entry: os.DirEntry[str], now: float
-    ) -> ContainerState | _Pending | None:
+    ) -> TickState | _Pending | None:
         name = entry.name
         try:
             is_dir = entry.is_dir(follow_symlinks=False)
@@ -634,9 +660,9 @@ class ContainerLister:
         self,
         tracked: _Tracked,
         status: ContainerStatus,
-        snapshot: UsageSnapshot | None = None,
+        snapshot: TickSnapshot | None = None,
         rejection: Rejection | None = None,
-    ) -> ContainerState:
+    ) -> TickState:
         last = tracked.last_state
         if (
             last is not None
@@ -647,12 +673,13 @@ class ContainerLister:
         ):
             return last  # nothing changed: keep the same immutable object
         # positional, in field order (a busy container gets a new state every tick)
-        state = tracked.last_state = _new_container_state(
+        state: TickState = new_container_state(
             tracked.key, tracked.directory, tracked.cache_name, status, snapshot, rejection
         )
+        tracked.last_state = state
         return state
 
-    def _reject(self, tracked: _Tracked, exc: CacheFileRejected) -> ContainerState:
+    def _reject(self, tracked: _Tracked, exc: CacheFileRejected) -> TickState:
         kept = self._kept(tracked, exc)
         if kept is not None:
             return kept
@@ -677,7 +704,7 @@ class ContainerLister:
             )
         return self._state(tracked, ContainerStatus.REJECTED, rejection=Rejection(reason, str(exc)))
 
-    def _refresh(self, root_fd: int, tracked: _Tracked) -> ContainerState | _Pending:
+    def _refresh(self, root_fd: int, tracked: _Tracked) -> TickState | _Pending:
         handle = tracked.handle
         if handle is not None:
             watch = self._watch
@@ -758,7 +785,7 @@ class ContainerLister:
             "regular file" if stat.S_ISREG(st.st_mode) else "non-regular file",
         )
 
-    def _read(self, tracked: _Tracked, handle: RegionHandle, size: int | None) -> ContainerState:
+    def _read(self, tracked: _Tracked, handle: RegionHandle, size: int | None) -> TickState:
         """Read through ``handle`` at ``size`` (from an ``lstat``), or, with None, at the
         size the read itself checks (the name is known unchanged)."""
         try:
@@ -773,7 +800,7 @@ class ContainerLister:
             tracked.last_reason = None
         return self._state(tracked, ContainerStatus.LOADED, snapshot=snapshot)
 
-    def _cannot_list(self, tracked: _Tracked, exc: OSError) -> ContainerState:
+    def _cannot_list(self, tracked: _Tracked, exc: OSError) -> TickState:
         kept = self._kept(tracked, exc)
         if kept is not None:
             return kept
@@ -785,7 +812,7 @@ class ContainerLister:
             ),
         )
 
-    def _open(self, root_fd: int, tracked: _Tracked) -> ContainerState | _Pending:
+    def _open(self, root_fd: int, tracked: _Tracked) -> TickState | _Pending:
         """List the directory and open its cache file; a directory larger than
         :data:`INLINE_DIR_BYTES` comes back as :class:`_Pending` for a worker thread."""
         try:
@@ -810,7 +837,7 @@ class ContainerLister:
                 os.close(fd)
         return self._open_listed(root_fd, tracked, names)
 
-    async def _list_pending(self, root_fd: int, pending: _Pending) -> ContainerState:
+    async def _list_pending(self, root_fd: int, pending: _Pending) -> TickState:
         """List a large directory through its descriptor in a worker thread, then go on."""
         try:
             names = await trio.to_thread.run_sync(_bounded_names, pending.fd)
@@ -821,9 +848,7 @@ class ContainerLister:
         self._work = 0  # waiting for the thread was a checkpoint
         return self._open_listed(root_fd, pending.tracked, names)
 
-    def _open_listed(
-        self, root_fd: int, tracked: _Tracked, names: list[str] | None
-    ) -> ContainerState:
+    def _open_listed(self, root_fd: int, tracked: _Tracked, names: list[str] | None) -> TickState:
         dirname = tracked.key.dirname
         display_dir = tracked.directory
         if names is None:

@@ -19,6 +19,7 @@ import errno
 import logging
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,12 +37,13 @@ from hami_trio.logs import RateLimiter
 from hami_trio.monitor.explain import Explainer
 from hami_trio.monitor.feedback import Write, observe
 from hami_trio.monitor.foreign import CLEAR_TICKS, ForeignWriterDetector
-from hami_trio.monitor.insight import ContainerInsight
-from hami_trio.monitor.layout import RejectReason
-from hami_trio.monitor.lister import ContainerKey, ContainerLister, ContainerState
+from hami_trio.monitor.insight import BlockTracker
+from hami_trio.monitor.layout import ControlField, RejectReason
+from hami_trio.monitor.lister import ContainerKey, ContainerLister, TickState
 from hami_trio.monitor.liveness import in_host_pid_namespace, live_pids, pid_alive
 from hami_trio.monitor.scope import Claim, FeedbackScope, GrantsOf
-from hami_trio.monitor.snapshot import UsageSnapshot
+from hami_trio.monitor.snapshot import TickSnapshot, UsageSnapshot
+from hami_trio.monitor.usage import EMPTY_TICK, EMPTY_USAGE, TickView, UsageReader, UsageView
 from hami_trio.monitor.watch import WATCH_FALLBACKS
 from hami_trio.pods.source import PodSource
 
@@ -467,6 +469,24 @@ class _SelfMetrics:
         )
         for check in ("mig_lock", "containers"):
             self.no_descriptors.labels(check=check)
+        self.usage_read = Gauge(
+            "hami_trio_monitor_usage_read_timestamp_seconds",
+            "Unix time at which the latest usage read (memory, utilisation, processes of "
+            "every loaded container, made when /metrics, the debug view or status asks) "
+            "started; 0 before the first.",
+            registry=registry,
+        )
+        self.usage_reads = Counter(
+            "hami_trio_monitor_usage_reads_total",
+            "Usage reads made (at most one per freshness window and tick, however many ask).",
+            registry=registry,
+        )
+        self.usage_duration = Histogram(
+            "hami_trio_monitor_usage_read_duration_seconds",
+            "Wall time of one usage read (in a worker thread, off the event loop).",
+            buckets=_TICK_BUCKETS,
+            registry=registry,
+        )
 
 
 class _LockWatch:
@@ -592,8 +612,18 @@ class Monitor:
         )
         self._metrics.resync_interval.set(config.resync_interval)
         self._watch = _LockWatch(config.mig_lock_path, self._lock_changed)
-        self._explainer = _explainer(config, self._lister)
-        self._metrics.liveness.set(1 if self._explainer.classifier.checks_liveness else 0)
+        self._reader = UsageReader(
+            _explainer(config),
+            on_reject=lambda reason: self._metrics.rejected.labels(reason=reason).inc(),
+            wall_clock=wall_clock,
+        )
+        self._metrics.liveness.set(1 if self.checks_liveness else 0)
+        self._blocks: BlockTracker[ContainerKey] = BlockTracker()
+        # What the latest tick leaves for the usage read, and the latest usage read (each
+        # replaced whole, never changed: safe to read from any thread).
+        self._tick_view: TickView = EMPTY_TICK
+        self._usage: UsageView = EMPTY_USAGE
+        self._usage_lock = threading.Lock()  # one usage read at a time
         self._paused = False
         self._stop = False
         self._serving = False
@@ -601,6 +631,7 @@ class Monitor:
         self._running: trio.CancelScope | None = None
         self._wakeup = trio.Event()
         self._limiter = RateLimiter(60.0, clock=trio.current_time)
+        self._limiter_threadsafe = RateLimiter(60.0)  # the usage read's (any thread)
         self._lock_error_logged = False
         self._lock_unchecked: OSError | None = None  # why the latest lock check did not run
         self._paused_unchecked = False  # paused because the check could not run
@@ -615,8 +646,9 @@ class Monitor:
         """The configuration this monitor runs with."""
         return self._config
 
-    def containers(self) -> Mapping[ContainerKey, ContainerState]:
-        """The latest completed tick's containers; never touches a file (see the lister)."""
+    def containers(self) -> Mapping[ContainerKey, TickState]:
+        """The latest completed tick's containers (what the feedback read of each region);
+        never touches a file.  Usage is :meth:`usage`'s."""
         return self._lister.containers()
 
     @property
@@ -624,12 +656,60 @@ class Monitor:
         """The lister this monitor ticks: what it tracks, its handles, its removals."""
         return self._lister
 
-    def insights(self) -> Mapping[ContainerKey, ContainerInsight]:
-        """The latest completed tick's insight per loaded container: processes by state,
-        priority, control words after the tick, blocking counters (immutable)."""
-        return self._explainer.insights()
+    def usage(self, max_age: float | None = None) -> UsageView:
+        """Every container's usage, read no longer than ``max_age`` seconds ago (default:
+        the interval) and after the latest tick; blocking: call it in a worker thread
+        (:meth:`read_usage` from trio).
 
-    def claim(self, key: ContainerKey, snapshot: UsageSnapshot) -> Claim:
+        One read at a time: callers that ask together share one read.  While the MIG lock
+        exists (or cannot be checked) no region is read: the last view comes back, its
+        ``read_at`` saying how old it is.  See :mod:`~hami_trio.monitor.usage`.
+        """
+        window = self._config.interval if max_age is None else max_age
+        with self._usage_lock:
+            view, tick = self._usage, self._tick_view
+            if (
+                view.monotonic is not None
+                and view.generation == tick.generation
+                and time.monotonic() - view.monotonic < window
+            ):
+                return view
+            if tick.generation == 0 or self._paused or self._reading_locked():
+                return view
+            classifier = self._reader.explainer.classifier
+            checks, listings = classifier.checks, classifier.listings
+            try:
+                view = self._reader.read(tick)
+            except OSError as exc:  # /proc cannot be listed: the last view stays
+                self._limiter_threadsafe.log(
+                    logger, logging.WARNING, "liveness", "usage not read: %s", exc
+                )
+                return view
+            self._usage = view
+            assert view.read_at is not None
+            self._metrics.usage_read.set(view.read_at)
+            self._metrics.usage_reads.inc()
+            self._metrics.usage_duration.observe(view.duration)
+            if classifier.checks > checks:
+                self._metrics.liveness_checks.inc(classifier.checks - checks)
+            if classifier.listings > listings:
+                self._metrics.liveness_listings.inc(classifier.listings - listings)
+            return view
+
+    async def read_usage(self, max_age: float | None = None) -> UsageView:
+        """:meth:`usage` from trio: in a worker thread."""
+        return await trio.to_thread.run_sync(self.usage, max_age)
+
+    def latest_usage(self) -> UsageView:
+        """The latest usage read as it is (no read)."""
+        return self._usage
+
+    def _reading_locked(self) -> bool:
+        """The MIG lock exists or cannot be checked (from the usage read's thread)."""
+        probe = probe_mig_lock(self._config.mig_lock_path)
+        return probe.present or probe.unchecked is not None
+
+    def claim(self, key: ContainerKey, snapshot: TickSnapshot | UsageSnapshot) -> Claim:
         """How the latest tick's feedback counted this container: whose GPUs, whose
         priority, what its file claims beyond its pod's grant (``snapshot``: that tick's)."""
         return self._scope.claim(key, snapshot)
@@ -637,7 +717,7 @@ class Monitor:
     @property
     def checks_liveness(self) -> bool:
         """Whether exited processes are told from running ones (host PID namespace)."""
-        return self._explainer.classifier.checks_liveness
+        return self._reader.explainer.classifier.checks_liveness
 
     @property
     def paused(self) -> bool:
@@ -749,7 +829,7 @@ class Monitor:
         self._metrics.unwatched.set(self._lister.unwatched_directories)
         self._metrics.removals_pending.set(self._lister.removals_pending)
         self._metrics.removal_oldest.set(self._lister.oldest_removal_age())
-        snapshots: dict[ContainerKey, UsageSnapshot] = {
+        snapshots: dict[ContainerKey, TickSnapshot] = {
             key: state.snapshot for key, state in view.items() if state.snapshot is not None
         }
         # With Kubernetes: the grants of the files that claim more than their pods give them.
@@ -772,14 +852,15 @@ class Monitor:
                     applied.extend(batch)
                 written += count
             self._foreign.record(snapshots, applied)
-        await self._explain(snapshots, applied)
+        self._count_blocks(snapshots, applied)
         self._ticks += 1
+        self._tick_view = TickView(self._ticks, view, self._lister.handles(), self._blocks.states())
         self._last_tick_time = self._wall_clock()
         self._metrics.last_tick.set(self._last_tick_time)
         self._metrics.tick.observe(time.perf_counter() - started)
         return written
 
-    def _check_foreign(self, snapshots: Mapping[ContainerKey, UsageSnapshot]) -> None:
+    def _check_foreign(self, snapshots: Mapping[ContainerKey, TickSnapshot]) -> None:
         """Judge the control words against what the previous tick left; log a change of
         verdict once.  Never alters what this tick writes."""
         was = self._foreign.active
@@ -814,23 +895,25 @@ class Monitor:
                 extra={"event": "foreign_writer_gone"},
             )
 
-    async def _explain(
-        self,
-        snapshots: Mapping[ContainerKey, UsageSnapshot],
-        written: Sequence[Write[ContainerKey]],
+    def _count_blocks(
+        self, snapshots: Mapping[ContainerKey, TickSnapshot], applied: Sequence[Write[ContainerKey]]
     ) -> None:
-        classifier = self._explainer.classifier
-        checks, listings = classifier.checks, classifier.listings
-        try:
-            await self._explainer.update(trio.current_time(), snapshots, written)
-        except OSError as exc:  # /proc cannot be listed: this tick's insights stay as they were
-            self._limiter.log(
-                logger, logging.WARNING, "liveness", "process states not updated: %s", exc
-            )
-        if classifier.checks > checks:
-            self._metrics.liveness_checks.inc(classifier.checks - checks)
-        if classifier.listings > listings:
-            self._metrics.liveness_listings.inc(classifier.listings - listings)
+        """Advance the blocking counters: blocked after this tick means ``recent_kernel`` < 0
+        as written this tick, else as read."""
+        blocks = self._blocks
+        blocks.begin(trio.current_time())
+        step = blocks.step
+        wrote = {w.key: w.value for w in applied if w.field is ControlField.RECENT_KERNEL}
+        if wrote:
+            for key, snapshot in snapshots.items():
+                step(key, wrote.get(key, snapshot.recent_kernel) < 0)
+        else:
+            for key, snapshot in snapshots.items():
+                if snapshot.recent_kernel < 0:
+                    step(key, True)
+                else:
+                    step(key, False)
+        blocks.finish()
 
     async def _guarded_tick(self) -> None:
         deadline = self._config.tick_deadline or self._config.interval
@@ -964,7 +1047,7 @@ class Monitor:
             self._serving = False
 
 
-def _explainer(config: MonitorConfig, lister: ContainerLister) -> Explainer:
+def _explainer(config: MonitorConfig) -> Explainer:
     in_host = config.host_pid_namespace
     if in_host is None:
         in_host = in_host_pid_namespace()
@@ -978,7 +1061,6 @@ def _explainer(config: MonitorConfig, lister: ContainerLister) -> Explainer:
         pid_alive if in_host else None,
         live_pids,
         exclude_exited=config.exclude_exited_processes,
-        handle_of=lister.handle_of,
     )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import stat
 import struct
+import threading
 from collections.abc import Sequence
 
 from hami_trio._fs import file_kind
@@ -27,18 +28,23 @@ from hami_trio.monitor.layout import LAYOUTS, ControlField, RejectReason, clamp_
 from hami_trio.monitor.snapshot import (
     RegionDecoder,
     SlotTotals,
+    TickDecoder,
+    TickSnapshot,
     UsageSnapshot,
     parse_static,
     slot_rows,
     sum_rows_without,
 )
 
-__all__ = ["PROBE_SLACK", "RegionHandle", "read_region_file", "read_totals_without"]
+__all__ = ["PROBE_SLACK", "RegionHandle", "read_region_file"]
 
 #: How far the last known end of a file may lie past the end of the first range read for
 #: :meth:`RegionHandle.read_probed` to check the size in that same ``pread``.  Real files end
 #: 33 (v1) or 1 (v0) bytes past their tail range; a few KiB bounds what one probe reads.
 PROBE_SLACK = 4096
+
+#: Guards every handle's descriptor against being closed under a pinned usage read.
+_LIFETIME = threading.Lock()
 
 _I32 = struct.Struct("<i")
 #: The words the feedback writes (-1 blocked, 0, 1, and the decrements of small counts),
@@ -78,10 +84,17 @@ class RegionHandle:
     """One open ``.cache`` file: a descriptor pinned to one inode, and what was last read.
 
     Create with :meth:`open_at` (the monitor: relative to the container directory, read and
-    write) or :meth:`open_path` (``inspect``: read-only).  :meth:`read` copies the ranges
-    the handle's decoder asks for and returns its snapshot; :meth:`write_controls` stores
-    aligned words at the offsets of the last read's layout.  Not thread-safe; one owner (the
-    lister) uses it.
+    write) or :meth:`open_path` (``inspect``: read-only).  Two readers share the descriptor,
+    each with its own decoder: the tick (:meth:`read`, :meth:`read_probed`: the tail, and the
+    static head now and then, see :class:`~hami_trio.monitor.snapshot.TickDecoder`) and the
+    usage read (:meth:`read_usage`, :meth:`totals_without`: the tail and the live slots).
+    :meth:`write_controls` stores aligned words at the offsets of the tick's last read.
+
+    The tick's methods have one owner (the lister, on the event loop); the usage read's
+    another (one usage read at a time, in a worker thread).  They may overlap: a usage read
+    :meth:`pin` s the handle first, and a :meth:`close` while it is pinned closes the
+    descriptor only when the last pin goes (:meth:`unpin`), so a read never goes through a
+    descriptor number the kernel has meanwhile given to another file.
     """
 
     def __init__(self, fd: int, st: os.stat_result, display: str, *, writable: bool) -> None:
@@ -90,13 +103,19 @@ class RegionHandle:
         self.ino: int = st.st_ino
         self.display = display
         self.writable = writable
-        self._decoder = RegionDecoder()
+        self._decoder = TickDecoder(phase=st.st_ino)
+        self._usage = RegionDecoder()
         #: Bytes the latest :meth:`read` asked ``pread`` for (what the lister's work
         #: accounting charges for it: parsing is proportional to the bytes read).
         self.read_bytes = 0
-        # The size the latest read started from, when its first range ends within
+        # The size the latest tick read started from, when its first range ends within
         # PROBE_SLACK of it (so the next read_probed can check it in that pread); else None.
         self._probe_size: int | None = None
+        # The same for the usage read (its own decoder, its own last size).
+        self._usage_probe: int | None = None
+        # Usage reads holding the descriptor open, and whether close() waits for them.
+        self._pins = 0
+        self._closing = False
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -160,8 +179,8 @@ class RegionHandle:
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._fd < 0
+        """Whether :meth:`close` was called (the descriptor may still serve a pinned read)."""
+        return self._fd < 0 or self._closing
 
     @property
     def identity(self) -> tuple[int, int]:
@@ -189,10 +208,39 @@ class RegionHandle:
             raise _io_rejection(self.display, "stat", exc) from exc
 
     def close(self) -> None:
-        """Close the descriptor (idempotent)."""
-        if self._fd >= 0:
+        """Close the descriptor (idempotent); while a usage read holds a pin, when it ends."""
+        with _LIFETIME:
+            if self._fd < 0 or self._closing:
+                return
+            if self._pins:
+                self._closing = True  # the last unpin closes it
+                return
             fd, self._fd = self._fd, -1
-            os.close(fd)
+        os.close(fd)
+
+    def pin(self) -> bool:
+        """Hold the descriptor open for a usage read (see the class docstring).
+
+        Returns:
+            False when the handle is closed (or closing): nothing to read through.
+        """
+        with _LIFETIME:
+            if self._fd < 0 or self._closing:
+                return False
+            self._pins += 1
+            return True
+
+    def unpin(self) -> None:
+        """Release a :meth:`pin`; the last one closes a handle :meth:`close` d meanwhile."""
+        with _LIFETIME:
+            if self._pins <= 0:
+                raise RuntimeError(f"{self.display}: unpin() without pin()")
+            self._pins -= 1
+            if self._pins or not self._closing:
+                return
+            fd, self._fd = self._fd, -1
+            self._closing = False
+        os.close(fd)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -202,8 +250,9 @@ class RegionHandle:
             f"{self.display} shrank while being read ({got} of {length} bytes at offset {offset})",
         )
 
-    def read(self, size: int | None = None) -> UsageSnapshot:
-        """Read the live ranges and return the snapshot (the loader rule is applied anew).
+    def read(self, size: int | None = None) -> TickSnapshot:
+        """The tick's read: the tail (and the static head when due, see
+        :class:`~hami_trio.monitor.snapshot.TickDecoder`), the loader rule applied there.
 
         Args:
             size: the file size an ``lstat`` just reported (saves an ``fstat``); None to ask.
@@ -220,7 +269,7 @@ class RegionHandle:
         self.read_bytes = 0
         return self._named(size, probe=False)
 
-    def read_probed(self) -> UsageSnapshot:
+    def read_probed(self) -> TickSnapshot:
         """:meth:`read` at the size the file had last time, checked by the first ``pread``.
 
         That ``pread`` runs from the first range's offset through one byte past the last
@@ -240,18 +289,27 @@ class RegionHandle:
         self.read_bytes = 0
         return self._named(size, probe=True)
 
-    def _named(self, size: int, *, probe: bool) -> UsageSnapshot:
+    def _named(self, size: int, *, probe: bool) -> TickSnapshot:
         try:
             return self._read(size, probe)
         except CacheFileRejected as exc:
-            if str(exc).startswith(self.display):
-                raise
-            raise CacheFileRejected(exc.reason, f"{self.display}: {exc}") from None
+            raise self._renamed(exc) from None
 
-    def _read(self, size: int, probe: bool) -> UsageSnapshot:
-        # The decoder says which ranges to read (the tail, then the head up to the live
-        # slots); every pread is checked to have returned the whole range.
-        decoder, fd = self._decoder, self._fd
+    def _renamed(self, exc: CacheFileRejected) -> CacheFileRejected:
+        if str(exc).startswith(self.display):
+            return exc
+        return CacheFileRejected(exc.reason, f"{self.display}: {exc}")
+
+    def _pread(self, length: int, offset: int) -> bytes:
+        try:
+            return os.pread(self._fd, length, offset)
+        except OSError as exc:
+            raise _io_rejection(self.display, "read", exc) from exc
+
+    def _read(self, size: int, probe: bool) -> TickSnapshot:
+        # The decoder says which ranges to read (the tail, then the static head when due);
+        # every pread is checked to have returned the whole range.
+        decoder = self._decoder
         self._probe_size = None
         offset, length = decoder.start(size)
         if offset + length >= size - PROBE_SLACK:
@@ -259,10 +317,7 @@ class RegionHandle:
             if probe:
                 want = size - offset + 1
                 self.read_bytes += want
-                try:
-                    data = os.pread(fd, want, offset)
-                except OSError as exc:
-                    raise _io_rejection(self.display, "read", exc) from exc
+                data = self._pread(want, offset)
                 if len(data) != want - 1:
                     # Grown or shrunk since: decode afresh at the size it has now.
                     return self._read(self.size(), False)
@@ -272,10 +327,7 @@ class RegionHandle:
                 offset, length = step
         while True:
             self.read_bytes += length
-            try:
-                data = os.pread(fd, length, offset)
-            except OSError as exc:
-                raise _io_rejection(self.display, "read", exc) from exc
+            data = self._pread(length, offset)
             if len(data) != length:
                 raise self._shrank(len(data), length, offset)
             step = decoder.feed(data)
@@ -283,16 +335,75 @@ class RegionHandle:
                 return step
             offset, length = step
 
-    def _pread(self, length: int, offset: int) -> bytes:
-        """One whole range, outside the decoder (the cold re-read of ``read_totals_without``)."""
-        self.read_bytes += length
+    def read_usage(self) -> UsageSnapshot:
+        """The usage read: the tail, then the head through the live slots (the loader rule
+        applied anew), decoded by this handle's own
+        :class:`~hami_trio.monitor.snapshot.RegionDecoder`; the size is checked in the first
+        ``pread`` as :meth:`read_probed` does, against the size of the last usage read.
+
+        Call it only with the handle pinned (:meth:`pin`), from one thread at a time.
+
+        Returns:
+            The snapshot; the same object as last time if no byte it depends on changed.
+
+        Raises:
+            CacheFileRejected: as :meth:`read`.
+        """
         try:
-            data = os.pread(self._fd, length, offset)
-        except OSError as exc:
-            raise _io_rejection(self.display, "read", exc) from exc
-        if len(data) != length:
-            raise self._shrank(len(data), length, offset)
-        return data
+            size = self._usage_probe
+            return self._read_usage(self.size() if size is None else size, size is not None)
+        except CacheFileRejected as exc:
+            raise self._renamed(exc) from None
+
+    def _read_usage(self, size: int, probe: bool) -> UsageSnapshot:
+        decoder = self._usage
+        self._usage_probe = None
+        offset, length = decoder.start(size)
+        if offset + length >= size - PROBE_SLACK:
+            self._usage_probe = size
+            if probe:
+                want = size - offset + 1
+                data = self._pread(want, offset)
+                if len(data) != want - 1:
+                    return self._read_usage(self.size(), False)
+                step = decoder.feed(data[:length])
+                if not isinstance(step, tuple):
+                    return step
+                offset, length = step
+        while True:
+            data = self._pread(length, offset)
+            if len(data) != length:
+                raise self._shrank(len(data), length, offset)
+            step = decoder.feed(data)
+            if not isinstance(step, tuple):
+                return step
+            offset, length = step
+
+    def totals_without(self, snapshot: UsageSnapshot, host_pids: frozenset[int]) -> SlotTotals:
+        """Re-read the live slots and sum them without those whose host PID is in
+        ``host_pids`` (``--exclude-exited-processes``; the usage read's cold path).
+
+        The file is read afresh at the layout and slot count of ``snapshot`` (this handle's
+        latest usage read); its header, limits and UUIDs are decoded again from the same
+        bytes.  Call it only with the handle pinned, like :meth:`read_usage`.
+
+        Raises:
+            CacheFileRejected: the file changed size since ``snapshot``, shrank during the
+                read, or cannot be read.
+        """
+        layout = LAYOUTS[snapshot.format]
+        if self.size() != snapshot.file_size:
+            raise CacheFileRejected(
+                RejectReason.TRUNCATED, f"{self.display} changed size since it was read"
+            )
+        slots = clamp_proc_num(snapshot.proc_num)
+        length = layout.body_size(slots)
+        head = self._pread(length, 0)
+        if len(head) != length:
+            raise self._shrank(len(head), length, 0)
+        static = parse_static(layout, head)
+        rows = slot_rows(layout, head, slots, static.device_count)
+        return sum_rows_without(rows, static, host_pids)
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -309,10 +420,7 @@ class RegionHandle:
         # in one cheap system call: exactly one comes back only when the file ends there.
         size = decoder.size
         assert size is not None  # a decode succeeded (layout is set)
-        try:
-            probe = os.pread(self._fd, 2, size - 1)
-        except OSError as exc:
-            raise _io_rejection(self.display, "read", exc) from exc
+        probe = self._pread(2, size - 1)
         if len(probe) != 1:
             raise CacheFileRejected(
                 RejectReason.TRUNCATED, f"{self.display} changed size since it was read"
@@ -327,7 +435,7 @@ class RegionHandle:
 
     def write_controls(self, values: Sequence[tuple[ControlField, int]]) -> None:
         """Store control words (``recent_kernel``, ``utilization_switch``), one aligned
-        4-byte ``pwrite`` each, at their offsets in the layout of the last read.
+        4-byte ``pwrite`` each, at their offsets in the layout of the tick's last read.
 
         Raises:
             ValueError: a value does not fit an int32.
@@ -349,7 +457,7 @@ class RegionHandle:
 
 
 def read_region_file(path: str | os.PathLike[str]) -> UsageSnapshot:
-    """Read one ``.cache`` file read-only (the ``inspect`` command).
+    """Read one ``.cache`` file read-only, usage and all (the ``inspect`` command).
 
     Raises:
         CacheFileRejected: the file is missing, not a regular file, or does not load.
@@ -360,30 +468,6 @@ def read_region_file(path: str | os.PathLike[str]) -> UsageSnapshot:
     except FileNotFoundError as exc:
         raise CacheFileRejected(RejectReason.IO_ERROR, f"{display}: no such file") from exc
     try:
-        return handle.read()
+        return handle.read_usage()
     finally:
         handle.close()
-
-
-def read_totals_without(
-    handle: RegionHandle, snapshot: UsageSnapshot, host_pids: frozenset[int]
-) -> SlotTotals:
-    """Re-read the live slots of ``handle``'s file and sum them without those whose host PID
-    is in ``host_pids`` (``--exclude-exited-processes``; a cold path, off the tick's read).
-
-    The file is read afresh at the layout and slot count of ``snapshot`` (the handle's
-    latest read); its header, limits and UUIDs are decoded again from the same bytes.
-
-    Raises:
-        CacheFileRejected: the file changed size since ``snapshot``, shrank during the read,
-            or cannot be read.
-    """
-    layout = LAYOUTS[snapshot.format]
-    if handle.size() != snapshot.file_size:
-        raise CacheFileRejected(
-            RejectReason.TRUNCATED, f"{handle.display} changed size since it was read"
-        )
-    slots = clamp_proc_num(snapshot.proc_num)
-    head = handle._pread(layout.body_size(slots), 0)
-    static = parse_static(layout, head)
-    return sum_rows_without(slot_rows(layout, head, slots, static.device_count), static, host_pids)

@@ -18,6 +18,7 @@ import functools
 import itertools
 import operator
 import struct
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,11 +39,14 @@ from hami_trio.monitor.layout import (
 )
 
 __all__ = [
+    "STATIC_REFRESH_TICKS",
     "DeviceUUID",
     "DeviceUsage",
     "RegionDecoder",
     "SlotTotals",
     "StaticInfo",
+    "TickDecoder",
+    "TickSnapshot",
     "UUIDState",
     "UsageSnapshot",
     "parse_region",
@@ -203,7 +207,12 @@ def _constructor(cls: type[Any]) -> Callable[..., Any]:
     slots = cls.__dict__["__slots__"]
     if list(slots) != names:  # pragma: no cover - dataclass(slots=True) lays them out so
         raise TypeError(f"{cls.__name__}: slots {slots} are not its fields {names}")
-    twin = type(f"_{cls.__name__}Twin", (), {"__slots__": tuple(slots)})
+    # The same bases (a generic class's Generic too): only then may an object switch class.
+    twin = types.new_class(
+        f"_{cls.__name__}Twin",
+        cls.__dict__.get("__orig_bases__", ()),
+        exec_body=lambda ns: ns.update({"__slots__": tuple(slots)}),
+    )
     scope: dict[str, Any] = {"_new": object.__new__, "_twin": twin, "_cls": cls}
     lines = [f"def make({', '.join(names)}):", "    self = _new(_twin)"]
     lines += [f"    self.{name} = {name}" for name in names]
@@ -888,3 +897,212 @@ def sum_rows_without(
     """:func:`sum_rows` leaving out the slots whose host PID is in ``host_pids`` (the exited
     processes, for ``--exclude-exited-processes``); the monitor's read path never calls it."""
     return sum_rows([row for row in rows if row[1] not in host_pids], static)
+
+
+#: Ticks after which the tick re-reads a region's static head (device count, UUIDs, limits)
+#: even when nothing else says it changed: a tenant that rewrites its own UUIDs is seen within
+#: this many ticks (a minute at the default 5 s interval).  Each decoder starts at its own
+#: phase, so about one in this many regions re-reads its head on any one tick.
+STATIC_REFRESH_TICKS = 12
+
+
+@dataclass(frozen=True, slots=True)
+class TickSnapshot:
+    """What the monitor's tick reads of one region: the tail's words and the static head.
+
+    The feedback needs nothing else (``priority``, ``recent_kernel``,
+    ``utilization_switch`` and the device UUIDs).  Memory, utilisation and the process
+    slots are the usage read's (:class:`UsageSnapshot`).  ``device_keys`` are the raw bytes
+    of the valid UUID slots, in slot order (HAMi's device identity for Observe); ``uuids``
+    has all 16 slots.  ``major``/``minor`` are None for v0.
+    """
+
+    format: Format
+    major: int | None
+    minor: int | None
+    file_size: int
+    device_count: int
+    proc_num: int
+    priority: int
+    recent_kernel: int
+    utilization_switch: int
+    last_kernel_time: int
+    uuids: tuple[DeviceUUID, ...]
+    device_keys: tuple[bytes, ...]
+
+
+_new_tick_snapshot: Callable[..., TickSnapshot] = _constructor(TickSnapshot)
+
+
+class TickDecoder:
+    """Decodes the tick's part of one region, tick after tick (pure).
+
+    The conversation is :class:`RegionDecoder`'s: :meth:`start` names the tail range,
+    :meth:`feed` takes its bytes and returns the snapshot, or asks for the static head
+    (``[0, layout.procs)``: magic, version, device count, UUIDs, limits) first.  The head is
+    asked for, and the loader rule applied to it, when there is no decoded head for this
+    size yet (the first read, a changed size, a failed decode), when ``proc_num`` went from 0
+    to more or back (HAMi-core (re-)initialises a region with no process attached), and at
+    least every :data:`STATIC_REFRESH_TICKS` ticks otherwise.  In between, one tail read is
+    the whole read: a tenant that rewrites its own head meanwhile changes only its own
+    feedback, for at most that many ticks.  The same snapshot object comes back while the
+    tail and the head are unchanged.
+
+    Args:
+        phase: where in the refresh cycle this decoder starts (spreads the head re-reads of
+            many regions over the ticks); taken modulo :data:`STATIC_REFRESH_TICKS`.
+        refresh_every: ticks between two head reads at most (>= 1).
+    """
+
+    __slots__ = (
+        "_age",
+        "_every",
+        "_layout",
+        "_pending",
+        "_size",
+        "_snapshot",
+        "_static",
+        "_tail",
+        "_values",
+        "_version",
+        "_want",
+    )
+
+    def __init__(self, phase: int = 0, refresh_every: int = STATIC_REFRESH_TICKS) -> None:
+        if refresh_every < 1:
+            raise ValueError(f"refresh_every must be >= 1 tick, got {refresh_every}")
+        self._every = refresh_every
+        self._age = phase % refresh_every
+        self._layout: Layout | None = None  # set while the latest decode succeeded
+        self._size = -1  # the size the kept head was decoded at (-1: none kept)
+        self._static: StaticInfo | None = None
+        self._version: tuple[int | None, int | None] = (None, None)
+        self._tail = b""
+        self._snapshot: TickSnapshot | None = None
+        self._pending: Layout | None = None
+        self._values: tuple[int, int, int, int, int] | None = None
+        self._want = -1
+
+    @property
+    def layout(self) -> Layout | None:
+        """The layout of the latest decode if it succeeded, else None (also mid-decode)."""
+        return self._layout
+
+    @property
+    def size(self) -> int | None:
+        """The file size of the latest successful decode (None before the first one)."""
+        return None if self._layout is None else self._size
+
+    def start(self, size: int) -> tuple[int, int]:
+        """Begin a decode of a file of ``size`` bytes: the tail range ``(offset, length)``.
+
+        Raises:
+            CacheFileRejected: ``too_small`` (no layout fits and there is no header).
+        """
+        self._layout = None
+        if size != self._size:
+            self._static = None  # another size: the head is decoded afresh
+            self._size = size
+            self._pending = layout_for_size(size)
+        layout = self._pending
+        if layout is None:
+            self._static = None
+            if size < HEADER_SIZE:
+                self._want = -1
+                classify(size, b"")  # raises too_small
+                raise AssertionError("classify accepted a size layout_for_size refused")
+            self._want = HEADER_SIZE
+            return (0, HEADER_SIZE)
+        self._values = None
+        self._want = layout.tail_size
+        return (layout.tail_offset, layout.tail_size)
+
+    def feed(self, data: bytes) -> tuple[int, int] | TickSnapshot:
+        """Take the bytes of the range last asked for: the head range, or the snapshot.
+
+        Raises:
+            CacheFileRejected: the loader rule rejects the file (at a head read).
+            ValueError: ``data`` is not as long as the range asked for, or nothing was.
+        """
+        if len(data) != self._want:
+            if self._want < 0:
+                raise ValueError("no range was asked for: call start() first")
+            raise ValueError(f"asked for {self._want} bytes, got {len(data)}")
+        layout = self._pending
+        if layout is None:
+            self._want = -1
+            classify(self._size, data)  # raises: no layout fits this size
+            raise AssertionError("classify accepted a size layout_for_size refused")
+        values = self._values
+        if values is None:  # the tail
+            snapshot = self._snapshot
+            age = self._age + 1
+            if data == self._tail and self._static is not None and age < self._every:
+                self._age = age
+                self._want = -1
+                self._layout = layout
+                assert snapshot is not None
+                return snapshot
+            values = self._values = read_tail(layout, data)
+            old = self._tail
+            self._tail = data
+            if (
+                self._static is None
+                or age >= self._every
+                or (len(old) >= 4 and (values[0] == 0) != (old[:4] == b"\0\0\0\0"))
+            ):
+                self._static = None
+                self._want = layout.procs
+                return (0, layout.procs)
+            self._age = age
+            return self._publish(layout, values)
+        # the static head
+        self._want = -1
+        layout = classify(self._size, data)
+        static = parse_static(layout, data)
+        kept = self._snapshot
+        if kept is not None and kept.uuids == static.uuids:
+            static = dataclasses.replace(static, uuids=kept.uuids, device_keys=kept.device_keys)
+        self._static = static
+        self._version = _version(layout, data)
+        self._age = 0
+        return self._publish(layout, values)
+
+    def _publish(self, layout: Layout, values: tuple[int, int, int, int, int]) -> TickSnapshot:
+        static = self._static
+        assert static is not None
+        self._values = None
+        self._layout = layout
+        proc_num, switch, recent, priority, last_kernel = values
+        kept = self._snapshot
+        if (
+            kept is not None
+            and kept.recent_kernel == recent
+            and kept.utilization_switch == switch
+            and kept.priority == priority
+            and kept.proc_num == proc_num
+            and kept.last_kernel_time == last_kernel
+            and kept.file_size == self._size
+            and kept.device_keys is static.device_keys
+            and kept.device_count == static.device_count
+            and (kept.major, kept.minor) == self._version
+            and kept.format is layout.format
+        ):
+            return kept
+        major, minor = self._version
+        # positional, in field order (see TickSnapshot)
+        snapshot = self._snapshot = _new_tick_snapshot(
+            layout.format,
+            major,
+            minor,
+            self._size,
+            static.device_count,
+            proc_num,
+            priority,
+            recent,
+            switch,
+            last_kernel,
+            static.uuids,
+            static.device_keys,
+        )
+        return snapshot

@@ -653,7 +653,10 @@ async def test_debug_view_serves_what_the_files_say_on_its_own_port(
             assert (main["namespace"], main["pod"], main["container"]) == ("", "pod-uid-1", "main")
             assert main["file"] == str(hook / "containers" / "pod-uid-1_main" / "abc.cache")
             assert (main["status"], main["format"], main["version"]) == ("loaded", "v1", "1.2")
-            assert (main["priority"], main["utilization_switch"]) == (0, 1)
+            # The file said 1; alone on its GPU, the first tick wrote 0, which the document's
+            # usage read (after that tick) finds.
+            assert (main["priority"], main["utilization_switch"]) == (0, 0)
+            assert doc["monitor"]["usage_read_at"] is not None
             assert main["devices"] == [
                 {
                     "index": 0,

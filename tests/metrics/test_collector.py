@@ -9,6 +9,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -75,8 +76,19 @@ class FakeMonitor:
     items: list[FakeContainer] = field(default_factory=list)
     paused: bool = False
 
+    insights: dict[str, Any] = field(default_factory=dict)
+
     def containers(self) -> Mapping[str, FakeContainer]:
         return {f"{c.pod_uid}_{c.container_name}": c for c in self.items}
+
+    def usage(self) -> FakeUsage:
+        return FakeUsage(self.containers(), self.insights)
+
+
+@dataclass(frozen=True)
+class FakeUsage:
+    containers: Mapping[str, FakeContainer]
+    insights: Mapping[str, Any]
 
 
 def hami_pod(uid: str = "uid-1", **kwargs: object) -> PodInfo:

@@ -168,7 +168,7 @@ async def start_stack(
             legacy=legacy,
             host=host,
             wall_clock=lambda: NOW,
-            insights=monitor.insights,
+            insights=True,
         )
     )
     bound: BindAddress = await nursery.start(
@@ -432,7 +432,7 @@ async def test_blocking_counters_and_feedback_state_over_http(
             source,
             node_name="n",
             kubernetes=False,
-            insights=monitor.insights,
+            insights=True,
             wall_clock=lambda: NOW,
         )
     )
@@ -497,7 +497,7 @@ async def test_a_changed_value_is_never_served_from_the_kept_render(
             node_name="n",
             kubernetes=False,
             legacy=legacy,
-            insights=monitor.insights,
+            insights=True,
             wall_clock=lambda: clock[0],
         )
     )
@@ -572,7 +572,7 @@ async def test_a_kept_body_never_outlives_the_tick_it_was_rendered_in(
             source,
             node_name="n",
             kubernetes=False,
-            insights=monitor.insights,
+            insights=True,
             wall_clock=lambda: NOW,
         )
     )

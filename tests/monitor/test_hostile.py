@@ -212,7 +212,8 @@ async def test_hostile_tenants_cannot_hurt_the_agent_or_each_other(
             while not finished.is_set():
                 with trio.move_on_after(0.2):
                     await finished.wait()
-                view = monitor.containers()
+                # a usage read (in a worker thread, as a scrape's) while the tenants hammer
+                view = (await monitor.read_usage(max_age=0)).containers
                 for name, want in expected.items():
                     pod, ctr = name.split("_", 1)
                     state = view[ContainerKey(pod, ctr)]

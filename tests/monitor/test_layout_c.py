@@ -174,7 +174,7 @@ def test_c_fixture_equals_python_builder_and_sums_match(
 
     handle = RegionHandle.open_path(c_file, writable=False)
     try:
-        snapshot = handle.read()
+        snapshot = handle.read_usage()
     finally:
         handle.close()
     assert snapshot == parse_region(c_bytes)

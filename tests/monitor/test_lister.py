@@ -181,10 +181,14 @@ async def test_bad_files_are_rejected_per_container(
 async def test_v0_and_v1_files_load(root: Path, fmt: Format) -> None:
     directory = container(root, "u_c")
     write_region(directory / "x.cache", RegionSpec(format=fmt, num=2, limits=[1, 2]))
-    state = (await make(root).update())[key("u_c")]
+    lister = make(root)
+    state = (await lister.update())[key("u_c")]
     assert state.snapshot is not None
     assert state.snapshot.format is fmt
-    assert [d.memory_limit for d in state.snapshot.devices] == [1, 2]
+    assert state.snapshot.device_count == 2
+    usage = lister.handles()[key("u_c")].read_usage()
+    assert usage.format is fmt
+    assert [d.memory_limit for d in usage.devices] == [1, 2]
 
 
 # -- HAMi's Update cases ---------------------------------------------------------------------

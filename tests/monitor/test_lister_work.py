@@ -176,27 +176,30 @@ def add_loaded_containers(root: Path, count: int) -> None:
         write_region(directory / "x.cache", RegionSpec(uuids=["GPU-00"], recent_kernel=2))
 
 
-async def test_hostile_regions_changed_every_tick_yield_every_k_units(
+async def test_hostile_regions_changed_every_tick_cost_the_event_loop_only_their_tails(
     tmp_path: Path, work: StepWork
 ) -> None:
     workloads = hostile_tree(tmp_path, HOSTILE, normal=200)
     monitor = monitor_for(tmp_path)
 
     def change(tick: int) -> None:
-        for w in workloads:  # a tenant rewriting its slots: every tick re-parses everything
+        for w in workloads:  # a tenant rewriting its slots every tick
             w.set_slot(0, hostile_slot(1000 + tick))
 
     try:
         await ticks(monitor, work, 3, change)
         view = monitor.containers()
+        usage = await monitor.read_usage()  # in a worker thread: not the event loop's work
     finally:
         monitor.close()
     hostile = [s for k, s in view.items() if k.pod_uid.startswith("h")]
     assert len(hostile) == HOSTILE
     assert all(s.status is ContainerStatus.LOADED for s in hostile)
-    assert all(s.snapshot is not None and s.snapshot.active_slots == MAX_SLOTS for s in hostile)
-    # The work was really done on the event loop (every hostile head, every tick) ...
-    assert work.total >= 3 * HOSTILE * (2 << 20) * 9 // 10
+    read = [s for k, s in usage.containers.items() if k.pod_uid.startswith("h")]
+    assert all(s.snapshot is not None and s.snapshot.active_slots == MAX_SLOTS for s in read)
+    # The event loop read each region's static head once and its tail every tick: a few KiB
+    # per container in all, never a tenant's 2 MB of slots ...
+    assert work.total < 3 * (HOSTILE + 200) * 4096, work.total
     # ... and never more than K units of it without a checkpoint.
     assert work.largest <= MAX_STEP_WORK, (work.largest, work.steps)
 

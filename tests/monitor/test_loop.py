@@ -545,17 +545,21 @@ async def test_insights_count_processes_and_blocking_on_the_monitor_clock(
     registry = CollectorRegistry()
     async with trio.open_nursery() as nursery:
         monitor = await start(nursery, config(hook, host_pid_namespace=True), registry)
-        hi, lo = (monitor.insights()[ContainerKey(n, "c")] for n in ("hi", "lo"))
+        view = monitor.usage()  # blocking, in the test's task: no thread under MockClock
+        hi, lo = (view.insights[ContainerKey(n, "c")] for n in ("hi", "lo"))
         assert (hi.processes.running, hi.processes.exited, hi.processes.unknown) == (1, 0, 0)
         assert (lo.processes.running, lo.processes.exited, lo.processes.unknown) == (0, 300, 1)
-        assert lo.recent_kernel == -1  # what the tick wrote
+        assert lo.recent_kernel == -1  # what the tick wrote, as the usage read found it
+        assert monitor.usage() is view  # fresh: the same read
         assert (lo.block.blocked, lo.block.blocks, lo.block.since) == (True, 1, trio.current_time())
         await trio.sleep(12)  # ticks at 5 (lo released: hi's recent_kernel fell to 0) and 10
-        lo = monitor.insights()[ContainerKey("lo", "c")]
+        lo = monitor.usage().insights[ContainerKey("lo", "c")]
         assert (lo.block.blocked, lo.block.seconds, lo.block.blocks) == (False, 5.0, 1)
         monitor.request_stop()
     assert registry.get_sample_value("hami_trio_monitor_process_liveness_checked") == 1
-    assert registry.get_sample_value("hami_trio_monitor_process_listings_total") == 3
+    # liveness is decided by the usage reads (two), not by the ticks (three)
+    assert registry.get_sample_value("hami_trio_monitor_process_listings_total") == 2
+    assert registry.get_sample_value("hami_trio_monitor_usage_reads_total") == 2
     assert registry.get_sample_value("hami_trio_monitor_process_liveness_checks_total") == 0
 
 

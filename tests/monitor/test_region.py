@@ -13,7 +13,7 @@ import pytest
 from hami_trio._fs import file_kind
 from hami_trio.errors import CacheFileRejected
 from hami_trio.monitor.layout import LAYOUTS, ControlField, Format, RejectReason
-from hami_trio.monitor.region import RegionHandle, read_region_file, read_totals_without
+from hami_trio.monitor.region import RegionHandle, read_region_file
 from hami_trio.monitor.snapshot import DeviceUUID, UUIDState, parse_region
 from hami_trio.testing.regions import (
     MemoryUse,
@@ -224,21 +224,21 @@ def test_a_region_with_every_slot_live_keeps_little_memory(tmp_path: Path) -> No
     try:
         tracemalloc.start()
         try:
-            first = handle.read()
+            first = handle.read_usage()
             kept, _ = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
         assert kept < 512 << 10, kept
         assert first.active_slots == 1024
         assert first.devices[15].memory_total == 1024 * (16 << 20)
-        assert handle.read() is first
+        assert handle.read_usage() is first
         SimulatedWorkload(path).set_priority(0)
-        assert handle.read().priority == 0
+        assert handle.read_usage().priority == 0
         SimulatedWorkload(path).set_slot(7, ProcSlot(status=0))
-        changed = handle.read()
+        changed = handle.read_usage()
         assert changed.active_slots == 1023
         assert changed.devices[0].memory_total == 1023 * (1 << 20)
-        assert handle.read() is changed
+        assert handle.read_usage() is changed
     finally:
         handle.close()
 
@@ -248,17 +248,17 @@ def test_same_bytes_same_snapshot_object_and_changes_are_seen(tmp_path: Path) ->
     write_region(path, spec())
     handle = open_rw(path)
     try:
-        first = handle.read()
-        assert handle.read() is first
+        first = handle.read_usage()
+        assert handle.read_usage() is first
         SimulatedWorkload(path).set_priority(0)  # tail-only change: slot sums reused
-        second = handle.read()
+        second = handle.read_usage()
         assert second.priority == 0
         assert second.devices is first.devices
         SimulatedWorkload(path).set_slot(0, ProcSlot(used=[MemoryUse(total=1)]))
-        third = handle.read()
+        third = handle.read_usage()
         assert third.devices[0].memory_total == 101
         SimulatedWorkload(path).set_proc_num(2000)
-        assert handle.read().active_slots == 2  # slots 2..1023 are zero: status 0
+        assert handle.read_usage().active_slots == 2  # slots 2..1023 are zero: status 0
     finally:
         handle.close()
 
@@ -268,15 +268,15 @@ def test_rewritten_to_bad_magic_then_valid_again(tmp_path: Path) -> None:
     write_region(path, spec())
     handle = open_rw(path)
     try:
-        handle.read()
+        handle.read_usage()
         fd = os.open(path, os.O_WRONLY)
         os.pwrite(fd, b"\0\0\0\0", 0)
         with pytest.raises(CacheFileRejected) as info:
-            handle.read()
+            handle.read_usage()
         assert info.value.reason == RejectReason.MAGIC
         os.pwrite(fd, struct.pack("<i", 19920718), 0)
         os.close(fd)
-        assert handle.read().priority == 3
+        assert handle.read_usage().priority == 3
     finally:
         handle.close()
 
@@ -340,7 +340,7 @@ def test_read_only_handle_never_writes(tmp_path: Path) -> None:
         handle.close()
 
 
-def test_read_totals_without_rereads_the_slots_and_refuses_a_changed_size(tmp_path: Path) -> None:
+def test_totals_without_rereads_the_slots_and_refuses_a_changed_size(tmp_path: Path) -> None:
     path = tmp_path / "x.cache"
     slots = [
         ProcSlot(pid=1, hostpid=10, used=[MemoryUse(total=100)], util=[UtilUse(sm_util=5)]),
@@ -349,18 +349,18 @@ def test_read_totals_without_rereads_the_slots_and_refuses_a_changed_size(tmp_pa
     write_region(path, RegionSpec(uuids=["GPU-0"], procs=slots))
     handle = RegionHandle.open_path(path)
     try:
-        snapshot = handle.read()
+        snapshot = handle.read_usage()
         assert snapshot.devices[0].memory_total == 300
-        without = read_totals_without(handle, snapshot, frozenset({20}))
+        without = handle.totals_without(snapshot, frozenset({20}))
         assert (without.devices[0].memory_total, without.devices[0].sm_util) == (100, 5)
         # The re-read sees the file as it is now (slot 0 grew since the snapshot).
         SimulatedWorkload(path).set_slot(
             0, ProcSlot(pid=1, hostpid=10, used=[MemoryUse(total=150)])
         )
-        assert read_totals_without(handle, snapshot, frozenset({20})).devices[0].memory_total == 150
+        assert handle.totals_without(snapshot, frozenset({20})).devices[0].memory_total == 150
         os.truncate(path, V1.sizeof + 8)
         with pytest.raises(CacheFileRejected) as caught:
-            read_totals_without(handle, snapshot, frozenset({20}))
+            handle.totals_without(snapshot, frozenset({20}))
         assert caught.value.reason is RejectReason.TRUNCATED
     finally:
         handle.close()

@@ -448,7 +448,7 @@ def test_the_lister_builds_its_states_as_the_class_does() -> None:
         ContainerKey,
         ContainerState,
         ContainerStatus,
-        _new_container_state,
+        new_container_state,
     )
 
     values: list[Any] = [
@@ -459,7 +459,7 @@ def test_the_lister_builds_its_states_as_the_class_does() -> None:
         parse_region(region()),
         None,
     ]
-    made = _new_container_state(*values)
+    made = new_container_state(*values)
     assert type(made) is ContainerState
     assert made == ContainerState(*values)
     assert hash(made) == hash(ContainerState(*values))
