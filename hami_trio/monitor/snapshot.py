@@ -1035,12 +1035,12 @@ class TickDecoder:
             raise AssertionError("classify accepted a size layout_for_size refused")
         values = self._values
         if values is None:  # the tail
-            snapshot = self._snapshot
-            age = self._age + 1
-            if data == self._tail and self._static is not None and age < self._every:
-                self._age = age
+            # the refresh cycle runs on, whatever else made the head be read
+            age = self._age = (self._age + 1) % self._every
+            if data == self._tail and self._static is not None and age:
                 self._want = -1
                 self._layout = layout
+                snapshot = self._snapshot
                 assert snapshot is not None
                 return snapshot
             values = self._values = read_tail(layout, data)
@@ -1048,13 +1048,12 @@ class TickDecoder:
             self._tail = data
             if (
                 self._static is None
-                or age >= self._every
+                or not age
                 or (len(old) >= 4 and (values[0] == 0) != (old[:4] == b"\0\0\0\0"))
             ):
                 self._static = None
                 self._want = layout.procs
                 return (0, layout.procs)
-            self._age = age
             return self._publish(layout, values)
         # the static head
         self._want = -1
@@ -1065,7 +1064,6 @@ class TickDecoder:
             static = dataclasses.replace(static, uuids=kept.uuids, device_keys=kept.device_keys)
         self._static = static
         self._version = _version(layout, data)
-        self._age = 0
         return self._publish(layout, values)
 
     def _publish(self, layout: Layout, values: tuple[int, int, int, int, int]) -> TickSnapshot:
