@@ -77,8 +77,11 @@ def measure(n: int) -> Figures:
             watch = PodWatchSummary("static", True, True, node_name="bench")
 
             def build() -> bytes:
+                # the containers as the agent's debug view shows them: with their usage
+                usage = getattr(monitor, "usage", None)
+                containers = monitor.containers() if usage is None else usage().containers
                 document = debug_state(
-                    monitor.containers(),
+                    containers,
                     pods,
                     now=time.time(),
                     node_name="bench",

@@ -174,6 +174,12 @@ def environment(res: Results) -> dict[str, str]:
 # -- child: one N, one process -----------------------------------------------------------
 
 
+def _insights(monitor: object) -> Any:
+    """The collector's ``insights`` argument in the measured checkout's terms: a callable of
+    the tick's insights (before the usage read), or True (the usage view's)."""
+    return getattr(monitor, "insights", True)
+
+
 async def scrape_latency(monitor: object) -> Figures:
     """Scrape the warmed-up monitor's metrics over real HTTP ``SCRAPES`` times per variant."""
     import urllib.request
@@ -197,7 +203,7 @@ async def scrape_latency(monitor: object) -> Figures:
             StaticPodSource(),
             node_name="bench",
             kubernetes=False,
-            insights=True,  # the process, limit and feedback-state families
+            insights=_insights(monitor),  # the process, limit and feedback-state families
         )
     )
 
@@ -263,6 +269,50 @@ async def scrape_latency(monitor: object) -> Figures:
 MEASUREMENTS.append(scrape_latency)
 
 
+async def usage_read(monitor: object, change: Callable[[int], None], n: int) -> Figures:
+    """The usage read alone, right after a tick (CPU and wall, medians of 7), and the longest
+    the event loop waited while one ran in a worker thread (a task that only checkpoints
+    measures its own gaps).  None of it where the checkout has no usage read."""
+    import trio
+
+    usage = getattr(monitor, "usage", None)
+    if usage is None:
+        return {}
+    cpu, wall = [], []
+    for r in range(7):
+        change(300 + r)
+        await monitor.tick()  # type: ignore[attr-defined]
+        start, start_cpu = time.perf_counter(), time.process_time()
+        view = usage(0.0)
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+        loaded = sum(1 for s in view.containers.values() if s.snapshot is not None)
+        if loaded != n:
+            raise SystemExit(f"usage read loaded {loaded} of {n}")
+    change(400)
+    await monitor.tick()  # type: ignore[attr-defined]
+    gaps: list[float] = []
+    done = trio.Event()
+
+    async def reader() -> None:
+        await trio.to_thread.run_sync(usage, 0.0)
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader)
+        last = time.perf_counter()
+        while not done.is_set():
+            await trio.lowlevel.checkpoint()
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+    return {
+        "usage_read_cpu_median_ms": statistics.median(cpu) * 1e3,
+        "usage_read_median_ms": statistics.median(wall) * 1e3,
+        "usage_read_loop_held_max_ms": max(gaps) * 1e3,
+    }
+
+
 async def render_after_ticks(monitor: object, change: Callable[[int], None]) -> Figures:
     """The render right after a tick, as when Prometheus scrapes less often than the monitor
     ticks: in ``churn`` every container has a new snapshot (nothing rendered before is
@@ -285,7 +335,7 @@ async def render_after_ticks(monitor: object, change: Callable[[int], None]) -> 
             StaticPodSource(),
             node_name="bench",
             kubernetes=False,
-            insights=True,
+            insights=_insights(monitor),
         )
     )
     render_metrics(registry, "", [])  # label strings rendered, as after the first scrape
@@ -478,11 +528,16 @@ async def breakdown(monitor: object, change: Callable[[int], None], rounds: int)
     container, with the same calls the lister makes; then the real update, Observe, apply."""
     import trio
 
+    from hami_trio.monitor import snapshot as snapshots
     from hami_trio.monitor.feedback import observe
     from hami_trio.monitor.layout import LAYOUTS, Format, clamp_proc_num, layout_for_size
     from hami_trio.monitor.lister import parse_container_dirname
     from hami_trio.monitor.loop import Monitor
-    from hami_trio.monitor.snapshot import RegionDecoder
+
+    # The checkout's tick decoder: the tail alone (TickDecoder), or tail and live slots.
+    tick_decoder = getattr(snapshots, "TickDecoder", None)
+    tail_only = tick_decoder is not None
+    RegionDecoder = tick_decoder or snapshots.RegionDecoder
 
     assert isinstance(monitor, Monitor)
     lister = monitor.lister
@@ -490,15 +545,13 @@ async def breakdown(monitor: object, change: Callable[[int], None], rounds: int)
     root = lister.containers_dir
     names = sorted(lister.tracked_names())
     handles = [lister.handle_of(name) for name in names]
-    paths = [
-        f"{name}/{os.path.basename(h.display)}" for name, h in zip(names, handles, strict=True) if h
-    ]
+    paths = [lister._tracked[name].cache_path for name, h in zip(names, handles, strict=True) if h]
     if len(paths) != len(names):
         raise SystemExit("breakdown: a container without an open handle")
     fds = [os.open(os.path.join(root, path), os.O_RDWR | os.O_CLOEXEC) for path in paths]
     decoders = [RegionDecoder() for _ in paths]
     steps = ("list", "lstat", "read", "decode", "detect", "update", "observe", "apply", "writes")
-    took: dict[str, list[float]] = {step: [] for step in steps}
+    took: dict[str, list[float]] = {step: [] for step in (*steps, "tail_floor")}
     try:
         for r in range(rounds + 1):  # round 0 primes the decoders
             change(1000 + r)
@@ -530,23 +583,27 @@ async def breakdown(monitor: object, change: Callable[[int], None], rounds: int)
                 assert layout is not None
                 # through one byte past the known end: the size probe of a watched container
                 tail = os.pread(fd, size - layout.tail_offset + 1, layout.tail_offset)
+                if tail_only:
+                    return tail[: layout.tail_size], b""
                 slots = clamp_proc_num(int.from_bytes(tail[:4], "little", signed=True))
                 return tail[: layout.tail_size], os.pread(fd, layout.body_size(slots), 0)
+
+            def decode(decoder: Any, fd: int, size: int) -> None:
+                tail, head = read(fd, size)
+                decoder.start(size)
+                step = decoder.feed(tail)
+                if isinstance(step, tuple):
+                    offset, length = step
+                    decoder.feed(head if head else os.pread(fd, length, offset))
 
             for fd, size in zip(fds, sizes, strict=True):
                 read(fd, size)
             t3 = clock()
             for decoder, fd, size in zip(decoders, fds, sizes, strict=True):
-                tail, head = read(fd, size)
-                decoder.start(size)
-                decoder.feed(tail)
-                decoder.feed(head)
+                decode(decoder, fd, size)
             t4 = clock()
             for decoder, fd, size in zip(decoders, fds, sizes, strict=True):
-                tail, head = read(fd, size)
-                decoder.start(size)
-                decoder.feed(tail)
-                decoder.feed(head)
+                decode(decoder, fd, size)
             t5 = clock()
             view = await lister.update()
             t6 = clock()
@@ -582,11 +639,22 @@ async def breakdown(monitor: object, change: Callable[[int], None], rounds: int)
                 os.pread(fd, 2, size - 1)
                 os.pwrite(fd, word, LAYOUTS[Format.V1].recent_kernel)
             took["writes"].append(clock() - t9)
+            # The new tick's floor: one tail pread (through one byte past the end) per
+            # container, with the least Python around it.
+            layout = LAYOUTS[Format.V1]
+            want = sizes[0] - layout.tail_offset + 1
+            offset = layout.tail_offset
+            pread = os.pread
+            t10 = clock()
+            for fd in fds:
+                pread(fd, want, offset)
+            took["tail_floor"].append(clock() - t10)
             await trio.lowlevel.checkpoint()
     finally:
         for fd in fds:
             os.close(fd)
     figures = {f"breakdown_{step}_ms": _median_ms(took[step]) for step in steps}
+    figures["tail_pread_floor_us"] = _median_ms(took["tail_floor"]) * 1e3 / len(fds)
     # A watched, quiet container pays no lstat: update is list + read + decode + the rest.
     measured = sum(figures[f"breakdown_{s}_ms"] for s in ("list", "read", "decode"))
     figures["breakdown_lister_other_ms"] = figures["breakdown_update_ms"] - measured
@@ -666,6 +734,7 @@ def child(hook: Path, n: int, ticks: int, mode: str, rounds: int) -> Figures:
             "gc_longest_ms": collections.longest * 1e3,
             "gc_full_collections": float(collections.full),
         }
+        figures.update(await usage_read(monitor, change, n))
         for measure in MEASUREMENTS:
             figures.update(await measure(monitor))  # scrape_latency: peak_rss_mb
         # before the breakdown, which holds every container's bytes at once
@@ -673,6 +742,11 @@ def child(hook: Path, n: int, ticks: int, mode: str, rounds: int) -> Figures:
         figures.update(await render_after_ticks(monitor, change))
         if rounds:
             figures.update(await breakdown(monitor, change, rounds))
+        # What the node costs every 15 s (Prometheus' usual interval) at the 5 s tick: three
+        # ticks and one scrape right after a tick (with its usage read, where there is one).
+        figures["work_per_15s_cpu_ms"] = (
+            3 * figures["tick_cpu_median_ms"] + figures["render_after_tick_cpu_median_ms"]
+        )
         monitor.close()
         return figures
 
@@ -799,6 +873,18 @@ def targets(mode: str, by_n: dict[str, Figures]) -> None:
         f"container {k['tick_cpu_per_container_us']:.1f} us (<= 15), "
         f"RSS {k['peak_rss_mb']:.0f} MB (<= 65)"
     )
+    if "tail_pread_floor_us" in k:
+        floor = k["tail_pread_floor_us"]
+        print(
+            f"         new tick floor, one tail pread per container with the least Python "
+            f"around it: {floor:.2f} us; tick CPU per container / floor "
+            f"{k['tick_cpu_per_container_us'] / floor:.2f} (<= 2)"
+        )
+    if "work_per_15s_cpu_ms" in k:
+        print(
+            f"         per 15 s (3 ticks + 1 scrape after a tick): "
+            f"{k['work_per_15s_cpu_ms']:.1f} ms CPU"
+        )
     if "syscalls_per_container_us" in k:
         # The floor under any Python: what the kernel alone takes for one busy container.
         print(

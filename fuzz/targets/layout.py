@@ -309,19 +309,8 @@ def _region_file_check() -> Iterator[Callable[[bytes], None]]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def check_region_handle(
-    handle: RegionHandle,
-    path: Path,
-    data: bytes | bytearray,
-    reader: int,
-    controls: tuple[int, int] | None = None,
-) -> None:
-    """One read of ``handle`` (whose file now holds ``data``), checked against a fresh parse
-    of ``data``; then the two control words (``controls``: recent_kernel and the switch, by
-    default taken from the file's last bytes) are written and the file, read back through
-    ``reader`` (another descriptor of it), is checked byte for byte."""
-    size = len(data)
-    expected = _parse(data)
+def _traced(read: Callable[[], Any]) -> tuple[Any, list[tuple[int, int]]]:
+    """``read()``'s outcome (its value or its rejection) and the ``pread`` s it made."""
     reads: list[tuple[int, int]] = []
     real_pread = os.pread
 
@@ -331,21 +320,81 @@ def check_region_handle(
 
     os.pread = traced_pread
     try:
-        outcome: UsageSnapshot | CacheFileRejected = handle.read()
+        outcome = read()
     except CacheFileRejected as exc:
         outcome = exc
     finally:
         os.pread = real_pread
+    return outcome, reads
+
+
+def _within(reads: list[tuple[int, int]], size: int) -> None:
     for length, offset in reads:
         assert offset >= 0, (length, offset)
-        assert offset + length <= size, f"read {length} bytes at {offset} of a {size}-byte file"
-        assert length <= _V1_SIZE, f"read {length} bytes at once"
+        # one byte past the end at most: the size probe (a read there returns nothing)
+        assert offset + length <= size + 1, f"read {length} bytes at {offset} of a {size}-byte file"
+        assert length <= _V1_SIZE + 1, f"read {length} bytes at once"
+
+
+def _tail_words(snapshot: Any) -> tuple[Any, ...]:
+    return (
+        snapshot.format,
+        snapshot.file_size,
+        snapshot.proc_num,
+        snapshot.priority,
+        snapshot.recent_kernel,
+        snapshot.utilization_switch,
+        snapshot.last_kernel_time,
+    )
+
+
+def check_region_handle(
+    handle: RegionHandle,
+    path: Path,
+    data: bytes | bytearray,
+    reader: int,
+    controls: tuple[int, int] | None = None,
+) -> None:
+    """One usage read and one tick read of ``handle`` (whose file now holds ``data``),
+    checked against a fresh parse of ``data``; then the two control words (``controls``:
+    recent_kernel and the switch, by default taken from the file's last bytes) are written
+    and the file, read back through ``reader`` (another descriptor of it), is checked byte
+    for byte.
+
+    The usage read must equal the parse exactly.  The tick's read must agree on the tail's
+    words; its static head (UUIDs, magic) is the one it last read, which is the file's own
+    whenever it read the head this time (a handle reused for other bytes of the same size
+    keeps its head until its refresh: by design, a tenant's rewrite of its own head costs
+    only its own feedback until then)."""
+    size = len(data)
+    expected = _parse(data)
+    usage, reads = _traced(handle.read_usage)
+    _within(reads, size)
     if isinstance(expected, CacheFileRejected):
-        assert isinstance(outcome, CacheFileRejected), (expected, outcome)
-        assert outcome.reason == expected.reason, (expected, outcome)
-        assert str(path) in str(outcome), "a rejection names the file"
+        assert isinstance(usage, CacheFileRejected), (expected, usage)
+        assert usage.reason == expected.reason, (expected, usage)
+        assert str(path) in str(usage), "a rejection names the file"
+    else:
+        assert usage == expected, "the handle's usage snapshot differs from a fresh parse"
+    tick, reads = _traced(handle.read)
+    _within(reads, size)
+    read_head = any(offset == 0 for _length, offset in reads)
+    if isinstance(expected, CacheFileRejected):
+        if isinstance(tick, CacheFileRejected):
+            assert str(path) in str(tick), "a rejection names the file"
+        else:  # accepted on the head kept from bytes of the same size
+            assert not read_head, (expected, tick)
         return
-    assert outcome == expected, "the handle's snapshot differs from a fresh parse"
+    if isinstance(tick, CacheFileRejected):
+        assert not read_head, (expected, tick)  # refused on a kept head: read afresh next
+        return
+    assert _tail_words(tick) == _tail_words(expected), (tick, expected)
+    if read_head:
+        assert (tick.device_count, tick.device_keys, tick.uuids) == (
+            expected.device_count,
+            expected.device_keys,
+            expected.uuids,
+        )
     if controls is None:
         recent = _I32.unpack_from(data, size - 4)[0] if size >= 4 else 0
         switch = _I32.unpack_from(data, size - 8)[0] if size >= 8 else 1
