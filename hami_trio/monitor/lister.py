@@ -405,8 +405,24 @@ class ContainerLister:
             seen: set[str] = set()
             now = self._wall_clock()
             tracked_of = self._tracked
+            quiet, removing = self._watch.quiet, self._removing
+            lookup, authoritative = self._pods.lookup, self._pods.authoritative
             for entry in entries:
-                state = self._visit(root_fd, entry, now)
+                # The usual container, in one pass: followed, its file open, its directory
+                # watched and quiet, its pod known (else _visit decides about removal).
+                name = entry.name
+                tracked = tracked_of.get(name)
+                if (
+                    tracked is not None
+                    and tracked.handle is not None
+                    and quiet(name)
+                    and name not in removing
+                    and (not authoritative or lookup(tracked.key.pod_uid) is not None)
+                    and self._is_dir(entry)
+                ):
+                    state = self._read(tracked, tracked.handle, None)
+                else:
+                    state = self._visit(root_fd, entry, now)
                 if state is not None:
                     if isinstance(state, _Pending):
                         state = await self._list_pending(root_fd, state)
@@ -477,6 +493,13 @@ class ContainerLister:
         if name not in self._warned:
             self._warned.add(name)
             logger.warning(msg, *args)
+
+    @staticmethod
+    def _is_dir(entry: os.DirEntry[str]) -> bool:
+        try:
+            return entry.is_dir(follow_symlinks=False)
+        except OSError:
+            return False
 
     def _visit(
         self, root_fd: int, entry: os.DirEntry[str], now: float
@@ -795,6 +818,14 @@ class ContainerLister:
             return self._reject(tracked, exc)
         self._work += handle.read_bytes
         tracked.initialising = 0
+        last = tracked.last_state
+        if (
+            last is not None
+            and last.snapshot is snapshot
+            and tracked.last_reason is None
+            and last.cache_file == tracked.cache_name
+        ):
+            return last  # loaded as before, nothing it holds changed (status follows)
         if tracked.last_reason is not None:
             logger.info("container %s: cache file loads again", tracked.key.dirname)
             tracked.last_reason = None

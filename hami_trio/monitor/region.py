@@ -286,8 +286,25 @@ class RegionHandle:
         size = self._probe_size
         if size is None:
             return self.read()
-        self.read_bytes = 0
-        return self._named(size, probe=True)
+        # The usual case, in one pass (this runs per container per tick): the tail through
+        # one byte past the end, decoded; the rest of _read only when the size moved or the
+        # decoder asks for the head.
+        decoder = self._decoder
+        offset, length = decoder.start(size)
+        want = size - offset + 1
+        self.read_bytes = want
+        data = self._pread(want, offset)
+        if len(data) != want - 1:
+            self._probe_size = None
+            return self._named(self.size(), probe=False)  # grown or shrunk: decode afresh
+        try:
+            step = decoder.feed(data if want - 1 == length else data[:length])
+            if step.__class__ is not tuple:
+                return step  # type: ignore[return-value]
+            self._probe_size = None  # set again by the decode below
+            return self._read(size, False)
+        except CacheFileRejected as exc:
+            raise self._renamed(exc) from None
 
     def _named(self, size: int, *, probe: bool) -> TickSnapshot:
         try:
