@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import trio
 from prometheus_client import CollectorRegistry
 
-from hami_trio._trio import STOP_SIGNALS, StartRecorder, leaf_errors, relay_signals, signal_name
+from hami_trio._trio import StartRecorder, leaf_errors, serve_under_signals, signal_name
 from hami_trio._version import __version__
 from hami_trio.agent.config import AgentConfig
 from hami_trio.agent.debug import (
@@ -731,62 +731,36 @@ async def run_agent(
     Raises:
         HamiTrioError: as :func:`serve_agent`.
     """
-    failure: HamiTrioError | None = None
-    handle: AgentHandle | None = None
-    stop_requested = False
     what = (
         "the current tick and the broker's in-flight exchanges"
         if config.broker is not None
         else "the current tick"
     )
-    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
-        async with trio.open_nursery() as nursery:
 
-            def first(signum: int) -> None:
-                nonlocal stop_requested
-                name = signal_name(signum)
-                logger.info(
-                    "%s, stopping after %s (at most %gs; a second signal cancels at once)",
-                    name,
-                    what,
-                    config.shutdown_timeout,
-                    extra={"event": "stopping", "signal": name},
-                )
-                stop_requested = True
-                if handle is not None:
-                    handle.request_stop()
-                # Else the start-up finishes first (each of its steps is bounded: a broker
-                # probe, a kubeconfig load, one monitor tick, a bind), then the drain begins,
-                # so a signal means the same thing whenever it comes.
+    def first(signum: int) -> None:
+        name = signal_name(signum)
+        logger.info(
+            "%s, stopping after %s (at most %gs; a second signal cancels at once)",
+            name,
+            what,
+            config.shutdown_timeout,
+            extra={"event": "stopping", "signal": name},
+        )
+        # During the start-up, the drain begins once it finished (each of its steps is
+        # bounded: a broker probe, a kubeconfig load, one monitor tick, a bind).
 
-            def second(signum: int) -> None:
-                logger.warning(
-                    "%s again: cancelling what is still running",
-                    signal_name(signum),
-                    extra={"event": "cancelling"},
-                )
-                nursery.cancel_scope.cancel()
+    def second(signum: int) -> None:
+        logger.warning(
+            "%s again: cancelling what is still running",
+            signal_name(signum),
+            extra={"event": "cancelling"},
+        )
 
-            async def agent(*, task_status: trio.TaskStatus[AgentHandle]) -> None:
-                nonlocal failure
-                status = StartRecorder(task_status)
-                try:
-                    await serve_agent(config, nvml=nvml, task_status=status)
-                except HamiTrioError as exc:
-                    if not status.done:
-                        raise  # nursery.start() below raises it as it is
-                    failure = exc
-                nursery.cancel_scope.cancel()  # the signal relay's job is over
-
-            nursery.start_soon(relay_signals, signals, first, second)
-            try:
-                handle = await nursery.start(agent)
-            except HamiTrioError as exc:
-                failure = exc
-                nursery.cancel_scope.cancel()
-            else:
-                task_status.started(handle)
-                if stop_requested:
-                    handle.request_stop()
-    if failure is not None:
-        raise failure
+    await serve_under_signals(
+        partial(serve_agent, config, nvml=nvml),
+        AgentHandle.request_stop,
+        first=first,
+        second=second,
+        errors=HamiTrioError,
+        task_status=task_status,
+    )

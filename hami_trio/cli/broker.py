@@ -13,11 +13,12 @@ reason, exit status 1; a bad flag value exits 2.
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 
 import trio
 
-from hami_trio._trio import STOP_SIGNALS, freeze_startup_objects, relay_signals
+from hami_trio._trio import freeze_startup_objects, serve_under_signals
 from hami_trio.broker.boundary import (
     DEFAULT_SOCKET_PATH,
     LOCK_DIR_SUFFIX,
@@ -31,7 +32,7 @@ from hami_trio.broker.server import (
     BrokerHandle,
     serve_broker,
 )
-from hami_trio.errors import BrokerError, BrokerStartupError, ConfigError
+from hami_trio.errors import BrokerError, ConfigError
 from hami_trio.goparse import parse_seconds
 from hami_trio.logs import configure_logging
 
@@ -130,33 +131,4 @@ async def run_broker(config: BrokerConfig) -> None:
         BrokerStartupError: the broker refused to start.
         BrokerError: the broker failed after it started.
     """
-    failure: BrokerError | None = None
-
-    async def serve(*, task_status: trio.TaskStatus[BrokerHandle]) -> None:
-        nonlocal failure
-        try:
-            await serve_broker(config, task_status=task_status)
-        except BrokerStartupError:
-            raise  # before ready: nursery.start() raises it as is
-        except BrokerError as exc:
-            # After start-up: raised as itself once the nursery is closed, not inside an
-            # exception group.
-            failure = exc
-        nursery.cancel_scope.cancel()  # the signal watcher's job is over
-
-    # Signals are caught from before the socket exists, so none can kill the process halfway.
-    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
-        async with trio.open_nursery() as nursery:
-            try:
-                handle = await nursery.start(serve)
-            except BrokerStartupError as exc:
-                failure = exc
-            else:
-                nursery.start_soon(
-                    relay_signals,
-                    signals,
-                    lambda _: handle.stop(),
-                    lambda _: nursery.cancel_scope.cancel(),
-                )
-    if failure is not None:
-        raise failure
+    await serve_under_signals(partial(serve_broker, config), BrokerHandle.stop, errors=BrokerError)
