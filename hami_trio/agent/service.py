@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TASKS", "AgentHandle", "mig_dir_detached", "run_agent", "serve_agent"]
 
-logger = logging.getLogger("hami_trio.daemon")
+logger = logging.getLogger(__name__)
 
 #: The agent's tasks in start order (``broker`` and ``pod-watch`` only when configured).
 TASKS: Final = (

@@ -53,7 +53,7 @@ __all__ = [
     "parse_label_allowlist",
 ]
 
-_log = logging.getLogger("hami_trio.monitor.metrics")
+_log = logging.getLogger(__name__)
 
 #: The most pod labels ``--pod-labels-allowlist`` may name.
 MAX_ALLOWLIST: Final = 32

@@ -59,7 +59,7 @@ __all__ = [
     "serve_pod_watch",
 ]
 
-_log = logging.getLogger("hami_trio.monitor.pods")  # the name in the logs (kept across moves)
+_log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------------------------
