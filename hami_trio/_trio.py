@@ -47,8 +47,8 @@ def freeze_startup_objects() -> None:
 
     Call it once, after the imports and the configuration, before ``trio.run``.  Those
     objects live as long as the process; keeping them out of full collections shortens the
-    pauses a flood of short-lived broker exchanges triggers (measured under an idle-connection
-    flood: the longest collection pause went from about 27 ms to about 11 ms).
+    pauses a flood of short-lived broker exchanges triggers (docs/benchmarks.md, Start-up and
+    process helpers).
     """
     gc.freeze()
 
@@ -65,8 +65,8 @@ def raise_young_gc_threshold() -> None:
     once (the slots' tuples, snapshots, states, writes, insights) before last tick's are
     released by their reference counts; at 700 the collector ran dozens of times per tick
     and promoted whatever was alive at that moment, so the older generations, and the full
-    collections, came round far more often than the garbage needed (10,000 still left
-    ~27 ms of collections per tick at N=2000 in the bench).  Cycles are still collected,
+    collections, came round far more often than the garbage needed (10,000 was still too
+    low at N=2000: docs/benchmarks.md, Monitor, round 2).  Cycles are still collected,
     only in larger batches: what that retains is bounded by the threshold (at most 50,000
     objects in reference cycles awaiting collection).
     """

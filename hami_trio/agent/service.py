@@ -1,18 +1,16 @@
 """The agent: one trio nursery for the broker, the pod watch, the monitor and the endpoints.
 
 How this works: :func:`serve_agent` opens one nursery and starts the tasks of :data:`TASKS`
-with ``nursery.start()``, in that order, each only once the previous one is ready, then
-reports an :class:`AgentHandle`.  They share one Prometheus registry; ``/readyz`` runs real
-checks (the broker's socket is still the one it bound, the pod source has listed, the
-monitor's tick counter moves).  Every task runs under a supervisor: when one fails (or
+with ``nursery.start()``, in that order (one start step each), each only once the previous
+one is ready, then reports an :class:`AgentHandle`.  They share one Prometheus registry;
+``/readyz`` runs real checks.  Every task runs under a supervisor: when one fails (or
 returns unasked), trio cancels the others, each cleans up, and :func:`serve_agent` raises one
 plain exception - the task's own :class:`~hami_trio.errors.HamiTrioError` if it failed before
 it was ready, else :class:`~hami_trio.errors.AgentError` naming the task.
 :meth:`AgentHandle.request_stop` drains within ``shutdown_timeout``; :func:`run_agent` adds
-the signals (first drains, second cancels).  Tasks, readiness, stopping: docs/operations.md.
-The ``debug`` task serves the debug view (:mod:`hami_trio.agent.debug`) on its own loopback
-address; it is not a readiness check (a debug problem never takes ``/metrics`` out of the
-Service), but an address it cannot bind fails the start like the metrics port's.
+the signals (first drains, second cancels).  The ``debug`` task (:mod:`hami_trio.agent.debug`)
+is no readiness check, but an address it cannot bind fails the start like the metrics
+port's.  Tasks, readiness checks, stopping: docs/operations.md.
 """
 
 from __future__ import annotations
