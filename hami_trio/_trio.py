@@ -2,10 +2,10 @@
 
 How this works: a long-running command builds its configuration, configures logging, calls
 :func:`freeze_startup_objects` once its imports are done, and runs its trio main function
-with the signals it stops on received through :func:`relay_signals`: the first SIGTERM or
-SIGINT asks for a graceful stop, a second one cancels whatever is still in flight (the demo,
-whose first signal already cancels its run, ignores the later ones).  Every command stops on
-the same signals through the same relay, so an operator's Ctrl-C behaves the same everywhere.
+under :func:`serve_under_signals`: the first SIGTERM or SIGINT asks for a graceful stop, a
+second one cancels whatever is still in flight (the demo, whose first signal already cancels
+its run, ignores the later ones).  Every command stops on the same signals through the same
+helper, so an operator's Ctrl-C behaves the same everywhere.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import gc
 import logging
 import resource
 import signal
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import trio
 
@@ -26,7 +26,7 @@ __all__ = [
     "leaf_errors",
     "raise_fd_limit",
     "raise_young_gc_threshold",
-    "relay_signals",
+    "serve_under_signals",
     "signal_name",
     "sole_error",
 ]
@@ -39,6 +39,7 @@ UNLIMITED_FD_TARGET = 1 << 20
 
 logger = logging.getLogger(__name__)
 _fd_limit_refusal_logged = False
+_Handle = TypeVar("_Handle")
 
 
 def freeze_startup_objects() -> None:
@@ -46,8 +47,8 @@ def freeze_startup_objects() -> None:
 
     Call it once, after the imports and the configuration, before ``trio.run``.  Those
     objects live as long as the process; keeping them out of full collections shortens the
-    pauses a flood of short-lived broker exchanges triggers (measured under an idle-connection
-    flood: the longest collection pause went from about 27 ms to about 11 ms).
+    pauses a flood of short-lived broker exchanges triggers (docs/benchmarks.md, Start-up and
+    process helpers).
     """
     gc.freeze()
 
@@ -64,8 +65,8 @@ def raise_young_gc_threshold() -> None:
     once (the slots' tuples, snapshots, states, writes, insights) before last tick's are
     released by their reference counts; at 700 the collector ran dozens of times per tick
     and promoted whatever was alive at that moment, so the older generations, and the full
-    collections, came round far more often than the garbage needed (10,000 still left
-    ~27 ms of collections per tick at N=2000 in the bench).  Cycles are still collected,
+    collections, came round far more often than the garbage needed (10,000 was still too
+    low at N=2000: docs/benchmarks.md, Monitor, round 2).  Cycles are still collected,
     only in larger batches: what that retains is bounded by the threshold (at most 50,000
     objects in reference cycles awaiting collection).
     """
@@ -118,30 +119,92 @@ def signal_name(signum: int) -> str:
         return str(signum)
 
 
-async def relay_signals(
-    signals: AsyncIterator[int],
-    first: Callable[[int], None],
-    second: Callable[[int], None] | None = None,
+async def serve_under_signals(
+    serve: Callable[..., Awaitable[object]],
+    drain: Callable[[_Handle], object],
+    *,
+    first: Callable[[int], object] | None = None,
+    second: Callable[[int], object] | None = None,
+    second_cancels: bool = True,
+    errors: type[Exception] | tuple[type[Exception], ...] = (),
+    task_status: trio.TaskStatus[_Handle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Call ``first`` on the first signal and ``second`` on the next one, then return.
+    """Start ``serve`` and run it to its end under :data:`STOP_SIGNALS`: the first drains,
+    the second cancels.
 
-    Open ``signals`` with ``trio.open_signal_receiver(*STOP_SIGNALS)`` and run this in the
-    nursery whose work the signals stop.
+    Signals are caught from before ``serve`` starts, so none can kill the process half-way.
+    The first signal calls ``first(signum)`` at once, then ``drain(handle)``: at once when
+    ``serve`` has reported its handle, else as soon as it does (the start-up finishes first,
+    so a signal means the same thing whenever it comes).  The next signal calls
+    ``second(signum)`` and, with ``second_cancels``, cancels ``serve`` at once; without it,
+    every later signal is received, told to ``second`` and otherwise ignored.  Either way
+    this returns normally.
 
     Args:
-        signals: a ``trio.open_signal_receiver`` iterator.
-        first: starts a graceful stop (it must return at once).
-        second: cancels what is still running (it must return at once); None: every later
-            signal is received and ignored, and this returns only when cancelled.
+        serve: trio's start protocol (``serve(task_status=...)``), reporting the handle
+            ``drain`` receives; this returns when it returns.
+        drain: starts a graceful stop of ``serve`` (it must return at once).
+        first: told of the first signal (to log it), before ``drain``.
+        second: told of the second signal (before the cancel) and, without
+            ``second_cancels``, of each later one.
+        second_cancels: whether the second signal cancels ``serve``.
+        errors: what ``serve`` raises as itself, before or after its start, instead of
+            inside an exception group.
+        task_status: receives ``serve``'s handle once it is ready.
+
+    Raises:
+        Exception: an instance of ``errors`` that ``serve`` raised, as it is.
     """
-    async for signum in signals:
-        first(signum)
-        break
-    async for signum in signals:
-        if second is None:
-            continue
-        second(signum)
-        break
+    failure: Exception | None = None
+    handle: list[_Handle] = []
+    drain_requested = False
+
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        async with trio.open_nursery() as nursery:
+
+            def on_first(signum: int) -> None:
+                nonlocal drain_requested
+                if first is not None:
+                    first(signum)
+                drain_requested = True
+                if handle:
+                    drain(handle[0])
+
+            async def relay() -> None:
+                async for signum in signals:
+                    on_first(signum)
+                    break
+                async for signum in signals:  # with second_cancels, only the second
+                    if second is not None:
+                        second(signum)
+                    if second_cancels:
+                        nursery.cancel_scope.cancel()
+                        break
+
+            async def run(*, task_status: trio.TaskStatus[_Handle]) -> None:
+                nonlocal failure
+                status = StartRecorder(task_status)
+                try:
+                    await serve(task_status=status)
+                except errors as exc:
+                    if not status.done:
+                        raise  # nursery.start() below raises it as it is
+                    failure = exc
+                nursery.cancel_scope.cancel()  # the signal relay's job is over
+
+            nursery.start_soon(relay)
+            try:
+                started: _Handle = await nursery.start(run)
+            except errors as exc:
+                failure = exc
+                nursery.cancel_scope.cancel()
+            else:
+                handle.append(started)
+                task_status.started(started)
+                if drain_requested:
+                    drain(started)
+    if failure is not None:
+        raise failure
 
 
 class StartRecorder:

@@ -30,7 +30,8 @@ from tests.strategies import metrics as st_metrics
 __all__ = ["TARGET"]
 
 # The collector warns about every hostile pod; a campaign makes thousands of them.
-logging.getLogger("hami_trio.monitor.metrics").addHandler(logging.NullHandler())
+for _name in ("hami_trio.metrics", "hami_trio.monitor.metrics"):  # the pods', the collector's
+    logging.getLogger(_name).addHandler(logging.NullHandler())
 
 
 def _body(test: Any) -> Any:

@@ -31,7 +31,8 @@ __all__ = ["TARGET"]
 
 # The collector warns about every hostile pod; a campaign makes thousands of them.  Without a
 # handler of its own the warnings would go to stderr through logging's last resort.
-logging.getLogger("hami_trio.monitor.metrics").addHandler(logging.NullHandler())
+for _name in ("hami_trio.metrics", "hami_trio.monitor.metrics"):  # the pods', the collector's
+    logging.getLogger(_name).addHandler(logging.NullHandler())
 
 
 def _body(test: Any) -> Any:

@@ -61,6 +61,7 @@ __all__ = [
     "DEFAULT_METRICS_BIND_ADDRESS",
     "DEFAULT_SHUTDOWN_TIMEOUT",
     "SETTINGS",
+    "SETTINGS_BY_NAME",
     "AgentConfig",
     "Setting",
     "add_agent_arguments",
@@ -88,6 +89,20 @@ _TRUE: Final = frozenset({"1", "t", "T", "true", "TRUE", "True"})
 _FALSE: Final = frozenset({"0", "f", "F", "false", "FALSE", "False"})
 
 
+def _positive_int(text: str, origin: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise ConfigError(f"{origin}: {text!r} is not an integer") from None
+    if value < 1:
+        raise ConfigError(f"{origin}: must be at least 1, got {text!r}")
+    return value
+
+
+def _seconds(text: str, origin: str) -> float:
+    return parse_seconds(text, name=origin)
+
+
 @dataclass(frozen=True, slots=True)
 class Setting:
     """One configurable value: its flag, its environment variable and its help line.
@@ -99,6 +114,11 @@ class Setting:
         help: the help text (the default is appended).
         metavar: the value's placeholder in ``--help``; None for an on/off flag.
         broker: only ``hami-trio run`` has it (``monitor`` runs without the broker).
+        parse: turns the text into the value, ``parse(text, origin)``, raising
+            :class:`~hami_trio.errors.ConfigError` that names ``origin`` (the flag or
+            variable) and the text; None: the setting has rules of its own in
+            :func:`resolve_config`.
+        default: the value when neither the flag nor the variable is given (with ``parse``).
     """
 
     dest: str
@@ -107,6 +127,17 @@ class Setting:
     help: str
     metavar: str | None = "VALUE"
     broker: bool = False
+    parse: Callable[[str, str], Any] | None = None
+    default: Any = None
+
+    def value(self, text: str | None, origin: str) -> Any:
+        """``default`` for no text, else ``parse(text, origin)``.
+
+        Raises:
+            ConfigError: the text is not a valid value (named by ``origin``).
+        """
+        assert self.parse is not None, f"{self.dest} has no parser"
+        return self.default if text is None else self.parse(text, origin)
 
 
 SETTINGS: Final[tuple[Setting, ...]] = (
@@ -154,6 +185,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "HAMI_TRIO_INTERVAL",
         "seconds (or a Go duration) between monitor ticks (default 5)",
         "SECONDS",
+        parse=_seconds,
+        default=DEFAULT_INTERVAL,
     ),
     Setting(
         "mig_lock_path",
@@ -204,6 +237,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "connections the metrics port serves at once; one more closes the one waiting on its "
         f"client the longest (default {DEFAULT_MAX_CONNECTIONS})",
         "N",
+        parse=_positive_int,
+        default=DEFAULT_MAX_CONNECTIONS,
     ),
     Setting(
         "metrics_request_timeout",
@@ -212,6 +247,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "seconds (or a Go duration) from a metrics-port request's first byte to the last byte "
         f"of its answer; a client slower than that is closed (default {DEFAULT_REQUEST_TIMEOUT:g})",
         "SECONDS",
+        parse=_seconds,
+        default=DEFAULT_REQUEST_TIMEOUT,
     ),
     Setting(
         "legacy_metrics",
@@ -264,6 +301,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         f"(default {DEFAULT_MAX_EXCHANGES})",
         "N",
         broker=True,
+        parse=_positive_int,
+        default=DEFAULT_MAX_EXCHANGES,
     ),
     Setting(
         "broker_exchange_deadline",
@@ -273,6 +312,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         f"(default {DEFAULT_EXCHANGE_DEADLINE})",
         "SECONDS",
         broker=True,
+        parse=_seconds,
+        default=DEFAULT_EXCHANGE_DEADLINE,
     ),
     Setting(
         "shutdown_timeout",
@@ -281,6 +322,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "after SIGTERM, how long the graceful drain may take before the rest is cancelled "
         f"(default {DEFAULT_SHUTDOWN_TIMEOUT:g})",
         "SECONDS",
+        parse=_seconds,
+        default=DEFAULT_SHUTDOWN_TIMEOUT,
     ),
     Setting(
         "log_format",
@@ -298,6 +341,8 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     ),
 )
 _BY_DEST: Final = {setting.dest: setting for setting in SETTINGS}
+#: Every setting by its name (:attr:`Setting.dest`).
+SETTINGS_BY_NAME: Final[Mapping[str, Setting]] = MappingProxyType(_BY_DEST)
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,6 +490,11 @@ class _Reader:
         self.sources[dest] = origin
         return text, origin
 
+    def value(self, dest: str) -> Any:
+        """A setting with a parser: its value (:meth:`Setting.value`)."""
+        text, origin = self.text(dest)
+        return _BY_DEST[dest].value(text, origin)
+
     def flag(self, dest: str) -> bool:
         """An on/off setting: the flag, else the variable as Go's ParseBool reads it."""
         setting = _BY_DEST[dest]
@@ -461,16 +511,6 @@ class _Reader:
         if text in _FALSE:
             return False
         raise ConfigError(f"{setting.env}: {text!r} is not a boolean (use true or false)")
-
-
-def _positive_int(text: str, origin: str) -> int:
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise ConfigError(f"{origin}: {text!r} is not an integer") from None
-    if value < 1:
-        raise ConfigError(f"{origin}: must be at least 1, got {text!r}")
-    return value
 
 
 def _resync_interval(reader: _Reader, warnings: list[str]) -> float:
@@ -527,17 +567,10 @@ def _broker(
     reader.sources["broker"] = BROKER_SWITCH_ENV if switch else "default"
     socket_text, socket_origin = reader.text("broker_socket_path")
     lock_text, lock_origin = reader.text("broker_lock_path")
-    max_text, max_origin = reader.text("broker_max_exchanges")
-    deadline_text, deadline_origin = reader.text("broker_exchange_deadline")
     # Parsed even when the broker is off, so a typo does not wait for the day it is enabled.
-    max_exchanges = (
-        DEFAULT_MAX_EXCHANGES if max_text is None else _positive_int(max_text, max_origin)
-    )
-    deadline = (
-        DEFAULT_EXCHANGE_DEADLINE
-        if deadline_text is None
-        else parse_seconds(deadline_text, name=deadline_origin)
-    )
+    max_exchanges: int = reader.value("broker_max_exchanges")
+    max_origin = reader.sources["broker_max_exchanges"]
+    deadline: float = reader.value("broker_exchange_deadline")
     if not broker_switch_on(switch):
         if switch:  # set, but not to exactly "1"
             warnings.append(
@@ -608,12 +641,7 @@ def resolve_config(
             "HOOK_PATH is not set: set it (or --hook-path) to the HAMi hook directory, e.g. "
             "/usr/local/vgpu, whose containers/ holds the .cache files"
         )
-    interval_text, interval_origin = reader.text("interval")
-    interval = (
-        DEFAULT_INTERVAL
-        if interval_text is None
-        else parse_seconds(interval_text, name=interval_origin)
-    )
+    interval: float = reader.value("interval")
     lock_text, lock_origin = reader.text("mig_lock_path")
     if lock_text == "":
         raise ConfigError(f"{lock_origin}: empty path")
@@ -638,17 +666,9 @@ def resolve_config(
         DEFAULT_METRICS_BIND_ADDRESS if bind_text is None else bind_text, name=bind_origin
     )
     debug_bind = _debug_bind(reader, warnings)
-    max_text, max_origin = reader.text("metrics_max_connections")
-    request_text, request_origin = reader.text("metrics_request_timeout")
     http_limits = HttpLimits(
-        max_connections=(
-            DEFAULT_MAX_CONNECTIONS if max_text is None else _positive_int(max_text, max_origin)
-        ),
-        request_timeout=(
-            DEFAULT_REQUEST_TIMEOUT
-            if request_text is None
-            else parse_seconds(request_text, name=request_origin)
-        ),
+        max_connections=reader.value("metrics_max_connections"),
+        request_timeout=reader.value("metrics_request_timeout"),
     )
     legacy = reader.flag("legacy_metrics")
     allowlist_text, allowlist_origin = reader.text("pod_labels_allowlist")
@@ -658,12 +678,7 @@ def resolve_config(
         raise ConfigError(str(exc)) from None
     broker, clamp = _broker(reader, env, warnings, fd_limit) if with_broker else (None, None)
 
-    timeout_text, timeout_origin = reader.text("shutdown_timeout")
-    shutdown_timeout = (
-        DEFAULT_SHUTDOWN_TIMEOUT
-        if timeout_text is None
-        else parse_seconds(timeout_text, name=timeout_origin)
-    )
+    shutdown_timeout: float = reader.value("shutdown_timeout")
     format_text, format_origin = reader.text("log_format")
     log_format: Literal["text", "json"] = "text"
     if format_text is not None:

@@ -9,10 +9,9 @@ them.  The agent serves the document on its debug port (``/debug/state``, and it
 container beyond its file - each process's state, priority blocking, the allocation from the
 pod's annotation, the export decision - comes in through :class:`DebugExtras`, optional
 callables; one that is None is rendered as ``null``.  Everything tenant-controlled is
-bounded: at most :attr:`DebugLimits.containers` entries, :attr:`DebugLimits.processes`
-processes and :attr:`DebugLimits.allocated` allocated devices each, text cut at
-:attr:`DebugLimits.text`; every cut says so (``truncated``).  No I/O, no clock: the caller
-passes the time.  The schema: docs/debug.md.
+bounded by :class:`DebugLimits` (entries, processes and allocated devices each, text), and
+every cut says so (``truncated``).  No I/O, no clock: the caller passes the time.  The
+schema and the limits: docs/debug.md.
 """
 
 from __future__ import annotations
@@ -618,8 +617,8 @@ def part(document: Mapping[str, Any], name: str) -> dict[str, Any]:
 def render(document: Mapping[str, Any]) -> bytes:
     """The document as compact JSON, ASCII only (tenant text is escaped: no control bytes).
 
-    Compact, not indented: the C encoder is about seven times faster at N=1000 (``hami-trio
-    status --json`` indents; so does ``jq``).
+    Compact, not indented: the indenting encoder is pure Python and several times slower
+    (docs/benchmarks.md, Debug view); ``hami-trio status --json`` indents, so does ``jq``.
     """
     doc = json.dumps(document, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
     return (doc + "\n").encode()

@@ -1,18 +1,16 @@
 """The agent: one trio nursery for the broker, the pod watch, the monitor and the endpoints.
 
 How this works: :func:`serve_agent` opens one nursery and starts the tasks of :data:`TASKS`
-with ``nursery.start()``, in that order, each only once the previous one is ready, then
-reports an :class:`AgentHandle`.  They share one Prometheus registry; ``/readyz`` runs real
-checks (the broker's socket is still the one it bound, the pod source has listed, the
-monitor's tick counter moves).  Every task runs under a supervisor: when one fails (or
+with ``nursery.start()``, in that order (one start step each), each only once the previous
+one is ready, then reports an :class:`AgentHandle`.  They share one Prometheus registry;
+``/readyz`` runs real checks.  Every task runs under a supervisor: when one fails (or
 returns unasked), trio cancels the others, each cleans up, and :func:`serve_agent` raises one
 plain exception - the task's own :class:`~hami_trio.errors.HamiTrioError` if it failed before
 it was ready, else :class:`~hami_trio.errors.AgentError` naming the task.
 :meth:`AgentHandle.request_stop` drains within ``shutdown_timeout``; :func:`run_agent` adds
-the signals (first drains, second cancels).  Tasks, readiness, stopping: docs/operations.md.
-The ``debug`` task serves the debug view (:mod:`hami_trio.agent.debug`) on its own loopback
-address; it is not a readiness check (a debug problem never takes ``/metrics`` out of the
-Service), but an address it cannot bind fails the start like the metrics port's.
+the signals (first drains, second cancels).  The ``debug`` task (:mod:`hami_trio.agent.debug`)
+is no readiness check, but an address it cannot bind fails the start like the metrics
+port's.  Tasks, readiness checks, stopping: docs/operations.md.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 import trio
 from prometheus_client import CollectorRegistry
 
-from hami_trio._trio import STOP_SIGNALS, StartRecorder, leaf_errors, relay_signals, signal_name
+from hami_trio._trio import StartRecorder, leaf_errors, serve_under_signals, signal_name
 from hami_trio._version import __version__
 from hami_trio.agent.config import AgentConfig
 from hami_trio.agent.debug import (
@@ -56,12 +54,12 @@ from hami_trio.pods.source import PodInfo, PodSource, StaticPodSource
 if TYPE_CHECKING:
     from hami_trio.http.routes import Route, RouteAnswer
     from hami_trio.metrics.endpoint import ReadinessCheck
-    from hami_trio.metrics.hostgpu import NvmlLibrary
+    from hami_trio.metrics.hostgpu import HostGpuSampler, NvmlLibrary
     from hami_trio.pods.watch import KubernetesPodSource
 
 __all__ = ["TASKS", "AgentHandle", "mig_dir_detached", "run_agent", "serve_agent"]
 
-logger = logging.getLogger("hami_trio.daemon")
+logger = logging.getLogger(__name__)
 
 #: The agent's tasks in start order (``broker`` and ``pod-watch`` only when configured).
 TASKS: Final = (
@@ -390,22 +388,34 @@ class _Agent:
         nvml: NvmlLibrary | None,
         task_status: trio.TaskStatus[AgentHandle],
     ) -> None:
+        """Start the tasks of :data:`TASKS` in order, report the handle, serve until asked to
+        stop, then drain."""
+        from hami_trio.metrics.collector import BuildInfoCollector
+        from hami_trio.metrics.hostgpu import HostGpuSampler
+
+        self.registry.register(BuildInfoCollector())
+        await self._start_broker(nursery)
+        all_pods = await self._start_pod_watch(nursery)
+        sampler = HostGpuSampler(nvml)
+        monitor = await self._start_monitor(nursery, sampler, all_pods)
+        await self._start_lock_parent(nursery)
+        bound = await self._start_metrics(nursery, monitor)
+        debug_bound = await self._start_debug(nursery)
+        await self._start_nvml(nursery, sampler, monitor)
+        await self._start_mig_mount(nursery)
+        self._log_ready(bound, debug_bound)
+        task_status.started(AgentHandle(self, bound, debug_bound))
+
+        await self._stop.wait()
+        await self._drain()
+        nursery.cancel_scope.cancel()
+
+    async def _start_broker(self, nursery: trio.Nursery) -> None:
+        """``broker``: only when configured; waits beside a foreign broker."""
         # Imported here, not at the top: the other hami-trio commands never need them.
-        from hami_trio.allocation.watch import (
-            LockParentWatch,
-            MountPointCheck,
-            serve_lock_parent_watch,
-        )
         from hami_trio.broker.server import serve_broker
-        from hami_trio.http.routes import serve_routes
-        from hami_trio.metrics.collector import BuildInfoCollector, VGpuCollector
-        from hami_trio.metrics.endpoint import progress_check, serve_http
-        from hami_trio.metrics.hostgpu import HostGpuSampler, serve_nvml_release
-        from hami_trio.metrics.pods import PodCollector
 
         config = self.config
-        registry = self.registry
-        registry.register(BuildInfoCollector())
         if config.broker is not None:
             self.broker = await nursery.start(
                 self.supervise,
@@ -413,6 +423,13 @@ class _Agent:
                 partial(self.serve_broker_beside_others, partial(serve_broker, config.broker)),
             )
             self.checks["broker"] = self.broker_ready
+
+    async def _start_pod_watch(
+        self, nursery: trio.Nursery
+    ) -> Callable[[], Mapping[str, PodInfo]] | None:
+        """``pod-watch``: only with Kubernetes; returns every pod of the node, or None."""
+        config = self.config
+        registry = self.registry
         all_pods: Callable[[], Mapping[str, PodInfo]] | None = None
         if config.kubernetes is not None:
             # Only here: kubernetes-asyncio, aiohttp and trio-asyncio cost about 50 MiB of
@@ -433,6 +450,22 @@ class _Agent:
             self.checks["pod-watch"] = lambda: watch.ready
         else:
             self.pod_source = StaticPodSource()
+        return all_pods
+
+    async def _start_monitor(
+        self,
+        nursery: trio.Nursery,
+        sampler: HostGpuSampler,
+        all_pods: Callable[[], Mapping[str, PodInfo]] | None,
+    ) -> Monitor:
+        """``monitor``, with the collectors, the debug extras and the checks that read it."""
+        from hami_trio.metrics.collector import VGpuCollector
+        from hami_trio.metrics.endpoint import progress_check
+        from hami_trio.metrics.pods import PodCollector
+
+        config = self.config
+        registry = self.registry
+        assert self.pod_source is not None
         monitor = Monitor(
             config.monitor,
             pod_source=self.pod_source,
@@ -453,7 +486,6 @@ class _Agent:
             ),
             feedback=monitor.claim,
         )
-        sampler = HostGpuSampler(nvml)
         vgpu = VGpuCollector(
             monitor,
             self.pod_source,
@@ -486,59 +518,98 @@ class _Agent:
         )
         self.checks["mig-lock-dir"] = _MigLockDirCheck(monitor)
         await nursery.start(self.supervise, "monitor", monitor.serve)
+        return monitor
+
+    async def _start_lock_parent(self, nursery: trio.Nursery) -> None:
+        """``lock-parent``: the allocation lock's parent directory, checked every tick."""
+        from hami_trio.allocation.watch import (
+            LockParentWatch,
+            MountPointCheck,
+            serve_lock_parent_watch,
+        )
+
+        config = self.config
         lock_parent = LockParentWatch(
             str(config.lock_parent_path),
             owner=os.geteuid(),
             broker=config.broker is not None,
-            registry=registry,
+            registry=self.registry,
         )
         # --prepare-lock-parent: prepared like an allocation before the first check.
         prepare = config.prepare_lock_parent
         await nursery.start(
             self.supervise,
             "lock-parent",
-            partial(serve_lock_parent_watch, lock_parent, monitor_config.interval, prepare=prepare),
+            partial(serve_lock_parent_watch, lock_parent, config.monitor.interval, prepare=prepare),
         )
         if prepare and config.broker is not None:
             self.checks["lock-mount-point"] = MountPointCheck(lock_parent)
+
+    async def _start_metrics(self, nursery: trio.Nursery, monitor: Monitor) -> BindAddress:
+        """``metrics``: ``/metrics``, ``/healthz`` and ``/readyz``; returns where it listens."""
+        from hami_trio.metrics.endpoint import serve_http
+
+        config = self.config
         bound: BindAddress = await nursery.start(
             self.supervise,
             "metrics",
             partial(
                 serve_http,
                 config.metrics_bind,
-                registry,
+                self.registry,
                 self.checks,
                 limits=config.http_limits,
                 # One body per tick: every scrape between two ticks shares it.
-                freshness=monitor_config.interval,
+                freshness=config.monitor.interval,
                 generation=lambda: monitor.ticks,
                 # The usage read a body shows, made before the registry is collected.
                 prepare=monitor.usage,
             ),
         )
-        debug_bound: BindAddress | None = None
-        if config.debug_bind is not None:
-            debug_bound = await nursery.start(
-                self.supervise,
-                "debug",
-                partial(
-                    serve_routes,
-                    config.debug_bind,
-                    self.debug_routes(),
-                    name="--debug-bind-address",
-                    limits=config.http_limits,
-                ),
-            )
+        return bound
+
+    async def _start_debug(self, nursery: trio.Nursery) -> BindAddress | None:
+        """``debug``: only with a debug address; returns where it listens, or None."""
+        from hami_trio.http.routes import serve_routes
+
+        config = self.config
+        if config.debug_bind is None:
+            return None
+        debug_bound: BindAddress = await nursery.start(
+            self.supervise,
+            "debug",
+            partial(
+                serve_routes,
+                config.debug_bind,
+                self.debug_routes(),
+                name="--debug-bind-address",
+                limits=config.http_limits,
+            ),
+        )
+        return debug_bound
+
+    async def _start_nvml(
+        self, nursery: trio.Nursery, sampler: HostGpuSampler, monitor: Monitor
+    ) -> None:
+        """``nvml``: releases NVML while the monitor is paused."""
+        from hami_trio.metrics.hostgpu import serve_nvml_release
+
         await nursery.start(
             self.supervise, "nvml", partial(serve_nvml_release, sampler, lambda: monitor.paused)
         )
+
+    async def _start_mig_mount(self, nursery: trio.Nursery) -> None:
+        """``mig-mount``: fails the agent once the MIG lock's directory mount went stale."""
+        monitor_config = self.config.monitor
         await nursery.start(
             self.supervise,
             "mig-mount",
             partial(_watch_mig_mount, monitor_config.mig_lock_path.parent, monitor_config.interval),
         )
 
+    def _log_ready(self, bound: BindAddress, debug_bound: BindAddress | None) -> None:
+        config = self.config
+        monitor_config = config.monitor
         broker_text = (
             str(self.broker.socket_path)
             if self.broker is not None
@@ -568,11 +639,6 @@ class _Agent:
                 "debug_address": debug_text,
             },
         )
-        task_status.started(AgentHandle(self, bound, debug_bound))
-
-        await self._stop.wait()
-        await self._drain()
-        nursery.cancel_scope.cancel()
 
     def _broker_summary(self) -> BrokerSummary | None:
         broker, config = self.broker, self.config.broker
@@ -740,62 +806,36 @@ async def run_agent(
     Raises:
         HamiTrioError: as :func:`serve_agent`.
     """
-    failure: HamiTrioError | None = None
-    handle: AgentHandle | None = None
-    stop_requested = False
     what = (
         "the current tick and the broker's in-flight exchanges"
         if config.broker is not None
         else "the current tick"
     )
-    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
-        async with trio.open_nursery() as nursery:
 
-            def first(signum: int) -> None:
-                nonlocal stop_requested
-                name = signal_name(signum)
-                logger.info(
-                    "%s, stopping after %s (at most %gs; a second signal cancels at once)",
-                    name,
-                    what,
-                    config.shutdown_timeout,
-                    extra={"event": "stopping", "signal": name},
-                )
-                stop_requested = True
-                if handle is not None:
-                    handle.request_stop()
-                # Else the start-up finishes first (each of its steps is bounded: a broker
-                # probe, a kubeconfig load, one monitor tick, a bind), then the drain begins,
-                # so a signal means the same thing whenever it comes.
+    def first(signum: int) -> None:
+        name = signal_name(signum)
+        logger.info(
+            "%s, stopping after %s (at most %gs; a second signal cancels at once)",
+            name,
+            what,
+            config.shutdown_timeout,
+            extra={"event": "stopping", "signal": name},
+        )
+        # During the start-up, the drain begins once it finished (each of its steps is
+        # bounded: a broker probe, a kubeconfig load, one monitor tick, a bind).
 
-            def second(signum: int) -> None:
-                logger.warning(
-                    "%s again: cancelling what is still running",
-                    signal_name(signum),
-                    extra={"event": "cancelling"},
-                )
-                nursery.cancel_scope.cancel()
+    def second(signum: int) -> None:
+        logger.warning(
+            "%s again: cancelling what is still running",
+            signal_name(signum),
+            extra={"event": "cancelling"},
+        )
 
-            async def agent(*, task_status: trio.TaskStatus[AgentHandle]) -> None:
-                nonlocal failure
-                status = StartRecorder(task_status)
-                try:
-                    await serve_agent(config, nvml=nvml, task_status=status)
-                except HamiTrioError as exc:
-                    if not status.done:
-                        raise  # nursery.start() below raises it as it is
-                    failure = exc
-                nursery.cancel_scope.cancel()  # the signal relay's job is over
-
-            nursery.start_soon(relay_signals, signals, first, second)
-            try:
-                handle = await nursery.start(agent)
-            except HamiTrioError as exc:
-                failure = exc
-                nursery.cancel_scope.cancel()
-            else:
-                task_status.started(handle)
-                if stop_requested:
-                    handle.request_stop()
-    if failure is not None:
-        raise failure
+    await serve_under_signals(
+        partial(serve_agent, config, nvml=nvml),
+        AgentHandle.request_stop,
+        first=first,
+        second=second,
+        errors=HamiTrioError,
+        task_status=task_status,
+    )

@@ -3,15 +3,12 @@
 How this works: every HAMi-core workload mounts the host's ``/tmp/vgpulock`` writable, and
 anyone who can write to the host's ``/tmp`` may plant a symlink or a foreign directory there
 or swap it while the device plugin (root) works.  So :func:`prepare_lock_parent` does every
-step relative to a descriptor - open the parent ``O_NOFOLLOW`` and check its owner and sticky
-bit, ``mkdirat``, ``openat`` ``O_NOFOLLOW``, check the owner, ``fchmod`` 01777, then verify the
-descriptor and the name denote the same directory - and, with the broker on, the nested
-``hostpid`` mount point the same way, plus the immutable flag on it (``FS_IOC_SETFLAGS`` on
-its descriptor), so that a root workload holding only the parent mount cannot move it and
-land the next container's broker mount on that container's own ``/etc``; where the flag
-cannot be set, :func:`prepare_lock_dir` says why (result, counter, one log line).  Every
-refusal is a :class:`LockParentRefused` naming the path, the reason and the recovery, counted
-in :data:`LOCK_PARENT_REFUSALS`; ``repair=True`` is the operator's explicit fix,
+step relative to a descriptor (``O_NOFOLLOW`` opens, owner and sticky-bit checks,
+``mkdirat``, ``fchmod`` 01777, a check that the descriptor and the name denote the same
+directory) and, with the broker on, prepares the nested ``hostpid`` mount point the same way
+and makes it immutable; :func:`prepare_lock_dir` says why where that flag cannot be set.
+Every refusal is a :class:`LockParentRefused` naming the path, the reason and the recovery,
+counted in :data:`LOCK_PARENT_REFUSALS`; ``repair=True`` is the operator's explicit fix,
 :func:`inspect_lock_parent` the agent's read-only check.  The steps, the attacks they stop
 and the repair: docs/allocation.md.
 """

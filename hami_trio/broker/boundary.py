@@ -42,7 +42,7 @@ __all__ = [
     "open_broker_socket",
 ]
 
-logger = logging.getLogger("hami_trio.broker.paths")  # the name in the logs (kept across moves)
+logger = logging.getLogger(__name__)
 
 #: Where the broker listens unless told otherwise (the chart mounts its directory).
 DEFAULT_SOCKET_PATH: Final = Path("/var/run/hami/hostpid/broker.sock")

@@ -63,7 +63,7 @@ __all__ = [
     "serve_broker",
 ]
 
-logger = logging.getLogger("hami_trio.broker")
+logger = logging.getLogger(__name__)
 
 #: Exchanges that may wait for their request at once.  Sized to the file-descriptor budget,
 #: not to a worker pool: a waiting exchange costs one descriptor and one timer.

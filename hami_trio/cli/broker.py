@@ -13,38 +13,40 @@ reason, exit status 1; a bad flag value exits 2.
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 
 import trio
 
-from hami_trio._trio import STOP_SIGNALS, freeze_startup_objects, relay_signals
+from hami_trio._trio import freeze_startup_objects, serve_under_signals
+from hami_trio.agent.config import SETTINGS_BY_NAME
 from hami_trio.broker.boundary import (
     DEFAULT_SOCKET_PATH,
     LOCK_DIR_SUFFIX,
     LOCK_NAME,
     default_lock_path,
 )
-from hami_trio.broker.server import (
-    DEFAULT_EXCHANGE_DEADLINE,
-    DEFAULT_MAX_EXCHANGES,
-    BrokerConfig,
-    BrokerHandle,
-    serve_broker,
-)
-from hami_trio.errors import BrokerError, BrokerStartupError, ConfigError
-from hami_trio.goparse import parse_seconds
+from hami_trio.broker.server import BrokerConfig, BrokerHandle, serve_broker
+from hami_trio.errors import BrokerError, ConfigError
 from hami_trio.logs import configure_logging
 
 __all__ = ["parse_deadline", "register", "run_broker"]
 
+#: The agent's settings this command shares, under its own flag names (no environment
+#: variable: an explicit command takes its flags only).
+_MAX_EXCHANGES = SETTINGS_BY_NAME["broker_max_exchanges"]
+_EXCHANGE_DEADLINE = SETTINGS_BY_NAME["broker_exchange_deadline"]
+
 
 def parse_deadline(text: str) -> float:
-    """Parse ``--exchange-deadline``: seconds (``0.5``) or a Go duration (``500ms``).
+    """Parse ``--exchange-deadline``: seconds (``0.5``) or a Go duration (``500ms``), as the
+    agent's ``--broker-exchange-deadline``.
 
     Raises:
         ConfigError: not a positive, finite duration.
     """
-    return parse_seconds(text, name="--exchange-deadline")
+    value: float = _EXCHANGE_DEADLINE.value(text, "--exchange-deadline")
+    return value
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -73,20 +75,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         f"above the socket's directory (default <socket dir>{LOCK_DIR_SUFFIX}/{LOCK_NAME}, "
         "beside it)",
     )
-    parser.add_argument(
-        "--max-exchanges",
-        default=str(DEFAULT_MAX_EXCHANGES),
-        metavar="N",
-        help="exchanges that may wait for their request at once; more are closed at once "
-        f"(default {DEFAULT_MAX_EXCHANGES})",
-    )
-    parser.add_argument(
-        "--exchange-deadline",
-        default=str(DEFAULT_EXCHANGE_DEADLINE),
-        metavar="SECONDS",
-        help="total time for one exchange, in seconds or as a Go duration such as 500ms "
-        f"(default {DEFAULT_EXCHANGE_DEADLINE})",
-    )
+    for flag, setting in (
+        ("--max-exchanges", _MAX_EXCHANGES),
+        ("--exchange-deadline", _EXCHANGE_DEADLINE),
+    ):
+        parser.add_argument(
+            flag,
+            metavar=setting.metavar,
+            help=f"{setting.help} [as {setting.flag} of hami-trio run]",
+        )
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     parser.add_argument("--log-level", default="info", metavar="LEVEL")
     parser.set_defaults(func=_cmd_broker, paths=_used_paths)
@@ -102,17 +99,11 @@ def _used_paths(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
-    try:
-        max_exchanges = int(args.max_exchanges)
-    except ValueError:
-        raise ConfigError(
-            f"--max-exchanges must be an integer, got {args.max_exchanges!r}"
-        ) from None
     config = BrokerConfig(
         socket_path=args.socket_path,
         lock_path=args.lock_path,
-        max_exchanges=max_exchanges,
-        exchange_deadline=parse_deadline(args.exchange_deadline),
+        max_exchanges=_MAX_EXCHANGES.value(args.max_exchanges, "--max-exchanges"),
+        exchange_deadline=_EXCHANGE_DEADLINE.value(args.exchange_deadline, "--exchange-deadline"),
     )
     try:
         configure_logging(args.log_format, args.log_level)
@@ -130,33 +121,4 @@ async def run_broker(config: BrokerConfig) -> None:
         BrokerStartupError: the broker refused to start.
         BrokerError: the broker failed after it started.
     """
-    failure: BrokerError | None = None
-
-    async def serve(*, task_status: trio.TaskStatus[BrokerHandle]) -> None:
-        nonlocal failure
-        try:
-            await serve_broker(config, task_status=task_status)
-        except BrokerStartupError:
-            raise  # before ready: nursery.start() raises it as is
-        except BrokerError as exc:
-            # After start-up: raised as itself once the nursery is closed, not inside an
-            # exception group.
-            failure = exc
-        nursery.cancel_scope.cancel()  # the signal watcher's job is over
-
-    # Signals are caught from before the socket exists, so none can kill the process halfway.
-    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
-        async with trio.open_nursery() as nursery:
-            try:
-                handle = await nursery.start(serve)
-            except BrokerStartupError as exc:
-                failure = exc
-            else:
-                nursery.start_soon(
-                    relay_signals,
-                    signals,
-                    lambda _: handle.stop(),
-                    lambda _: nursery.cancel_scope.cancel(),
-                )
-    if failure is not None:
-        raise failure
+    await serve_under_signals(partial(serve_broker, config), BrokerHandle.stop, errors=BrokerError)

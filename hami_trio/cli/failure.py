@@ -7,14 +7,8 @@ only of such errors and :class:`~hami_trio.errors.HamiTrioError` (what a trio nu
 raises) becomes one :class:`Failure`: the exit status and one line naming the flag and its
 value whose path the error is about; a refusal of hami-trio's own that starts with the path it
 is about gets the flag in front.  Anything else (a bug) is None and keeps its traceback.
-
-Which flag: every path-taking option and positional of a command has a metavar of
-:data:`PATH_METAVARS` (tests/cli/test_failure.py checks every command against it and walks
-each with an unusable path).  The OS error's file name is matched against their values (for
-``run`` and ``monitor`` also against the environment variable a flag falls back to): the
-value itself, a directory above it (the socket's directory of ``--socket-path``), or a path
-below it (the ``logs`` of ``demo --root``).  An error without a file name (``bind``, an
-``fchmod`` on a descriptor) lists the paths the command was given.
+Which flag a path belongs to (every path option has a metavar of :data:`PATH_METAVARS`):
+docs/architecture.md (A failure on the command line).
 """
 
 from __future__ import annotations

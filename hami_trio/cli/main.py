@@ -1,20 +1,15 @@
 """The ``hami-trio`` command line.
 
-Each feature owns its subcommands in its own module (``hami_trio/<feature>/cli.py``), which
-exposes ``register(subparsers)``; this module only assembles them, runs the chosen one and
-turns expected errors into one clear line and an exit status:
-
-- 0: success;
-- 1: the command ran and failed (:class:`~hami_trio.errors.HamiTrioError`, e.g. a broker that
-  refused to start, a ``.cache`` file that does not load; an :class:`OSError` on a path it
-  was given, named with its flag by :mod:`hami_trio.cli.failure`, also inside an exception
-  group);
-- 2: bad usage or configuration (argparse errors, :class:`~hami_trio.errors.ConfigError`);
-  an unknown option or a bad value of a subcommand prints that subcommand's usage.
-
-A command function takes the parsed ``argparse.Namespace`` and returns the exit status.
-A run imports only the module of the command it names (:data:`COMMANDS`); ``--help``, no
-command or an unknown one build the full parser.
+Each command lives in its own module (``hami_trio/cli/<command>.py``), which exposes
+``register(subparsers)``; this module only assembles them, runs the chosen one and turns
+expected errors into one clear line and an exit status: 0 success; 1 the command ran and
+failed (:class:`~hami_trio.errors.HamiTrioError`, or an :class:`OSError` on a path it was
+given, named with its flag by :mod:`hami_trio.cli.failure`, also inside an exception group);
+2 bad usage or configuration (argparse errors, :class:`~hami_trio.errors.ConfigError`; a bad
+value of a subcommand prints that subcommand's usage).  The exit statuses:
+docs/operations.md.  A command function takes the parsed ``argparse.Namespace`` and returns
+the exit status.  A run imports only the module of the command it names (:data:`COMMANDS`);
+``--help``, no command or an unknown one build the full parser.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["register", "run_agent_process", "used_paths"]
 
-logger = logging.getLogger("hami_trio.daemon")
+logger = logging.getLogger(__name__)
 
 
 def run_agent_process(config: AgentConfig, *, nvml: NvmlLibrary | None = None) -> int:

@@ -36,6 +36,7 @@ __all__ = [
     "serve_demo_agent",
 ]
 
+logger = logging.getLogger(__name__)
 #: The agent's environment: the broker's switch, and nothing from the caller's.
 AGENT_ENV: Final = {BROKER_SWITCH_ENV: "1"}
 
@@ -130,10 +131,10 @@ async def serve_demo_agent(
     try:
         configure_logging(config.log_format, config.log_level, stream=log)
         for warning in config.warnings:
-            logging.getLogger("hami_trio.daemon").warning("%s", warning)
+            logger.warning("%s", warning)
         await serve_agent(config, task_status=_Relay(settings, task_status))
     finally:
-        logger = logging.getLogger("hami_trio")
-        for handler in list(logger.handlers):
-            logger.removeHandler(handler)
+        package = logging.getLogger("hami_trio")  # where configure_logging put its handler
+        for handler in list(package.handlers):
+            package.removeHandler(handler)
         log.close()

@@ -31,7 +31,7 @@ from typing import Any, Final, Protocol, TextIO
 
 import trio
 
-from hami_trio._trio import STOP_SIGNALS, StartRecorder, relay_signals, signal_name, sole_error
+from hami_trio._trio import StartRecorder, serve_under_signals, signal_name, sole_error
 from hami_trio.agent.status import fetch_state, format_status
 from hami_trio.demo.report import RunRecord, WorkloadRecord, render_summary, summarize
 from hami_trio.demo.sandbox import NOBODY, SANDBOX_CACHE_DIR
@@ -531,22 +531,19 @@ async def _run(
     settings = AgentSettings(
         paths, options.interval, options.metrics_bind, paths.logs / "agent.log"
     )
-    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+    run = trio.CancelScope()
+
+    def interrupt(signum: int) -> None:
+        record.interrupted = True
+        name = signal_name(signum)
+        record.event(time.monotonic(), f"demo: {name}, stopping everything")
+
+    async def session(*, task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+        task_status.started(run)  # from now on a signal cancels the run, even before it began
         async with trio.open_nursery() as guard:
             # The agent runs in this outer nursery, outside ``run``: a Ctrl-C cancels the
             # run, and the agent still gets its graceful drain afterwards.
-            run = trio.CancelScope()
             stopped = trio.Event()
-
-            def on_signal(signum: int) -> None:
-                if not record.interrupted:
-                    record.interrupted = True
-                    name = signal_name(signum)
-                    record.event(time.monotonic(), f"demo: {name}, stopping everything")
-                    run.cancel()
-
-            # The first signal cancels the run; later ones are received and ignored.
-            guard.start_soon(relay_signals, signals, on_signal)
             try:
                 agent: RunningAgent = await guard.start(
                     _agent, serve_agent, settings, record, run, stopped
@@ -581,6 +578,11 @@ async def _run(
                 guard.cancel_scope.cancel()
                 screen.update(record, record.latest(), time.monotonic())  # the last events
                 screen.close()
+
+    # The first signal cancels the run; later ones are received and ignored.
+    await serve_under_signals(
+        session, trio.CancelScope.cancel, first=interrupt, second_cancels=False
+    )
     _check_leftovers(record, paths)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -348,20 +348,3 @@ class DemoPaths:
 def new_pod_uid() -> str:
     """A fresh fake pod UID (Kubernetes UIDs are UUIDs)."""
     return str(uuid.uuid4())
-
-
-def workload_specs_json(specs: Sequence[WorkloadSpec]) -> list[dict[str, Any]]:
-    """The specs as JSON-ready dicts (for the summary)."""
-    return [
-        {
-            "name": s.name,
-            "role": s.role,
-            "priority": s.priority,
-            "gpu": s.gpu,
-            "memory_limit": s.memory_limit,
-            "sm_limit": s.sm_limit,
-            "broker": s.broker,
-            "exits_at": s.exits_at,
-        }
-        for s in specs
-    ]

@@ -26,7 +26,7 @@ from hami_trio.http.server import (
 
 __all__ = ["Route", "RouteAnswer", "route_handler", "serve_routes"]
 
-_log = logging.getLogger("hami_trio.monitor.http")  # the name in the logs (kept across moves)
+_log = logging.getLogger(__name__)
 
 #: What a :data:`Route` answers: status, content type, body.
 RouteAnswer = tuple[int, bytes, bytes]

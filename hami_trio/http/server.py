@@ -45,7 +45,7 @@ __all__ = [
     "serve",
 ]
 
-_log = logging.getLogger("hami_trio.monitor.http")  # the name in the logs (kept across moves)
+_log = logging.getLogger(__name__)
 
 #: The content type of the server's own answers (errors, ``ok``).
 TEXT: Final = b"text/plain; charset=utf-8"

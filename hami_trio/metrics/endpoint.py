@@ -57,7 +57,7 @@ __all__ = [
     "serve_http",
 ]
 
-_log = logging.getLogger("hami_trio.monitor.http")  # the name in the logs (kept across moves)
+_log = logging.getLogger(__name__)
 
 #: A readiness check: returns True when its component is ready.  Must not block.
 ReadinessCheck = Callable[[], bool]

@@ -4,25 +4,12 @@ How this works: the collector decides, per container directory of the latest tic
 its rows are exported, and counts every directory in ``hami_trio_monitor_containers{state}``;
 the debug view shows the same decision with its reason.  Both call :func:`export_state`,
 so the filter and its explanation cannot disagree.  The checks, in order (the first that
-applies decides):
-
-1. ``no_pod``: with Kubernetes, the pod source does not know the directory's pod UID, or the
-   pod is not labelled ``hami.io/vgpu-node=<this node>`` (upstream's selection: HAMi's
-   scheduler sets the label when it assigns the pod), or the pod lists no container of that
-   name.  Without Kubernetes every directory has a pod (named by its UID).
-2. ``completed``: the pod's phase is ``Succeeded`` or ``Failed`` (no container of it runs
-   again), or the directory belongs to one of the pod's init containers (they finished
-   before the pod's containers started; upstream exports ``spec.containers`` only).  The
-   directory itself stays until the pod is gone: only the lister removes directories.
-3. ``rejected``: the monitor refused the directory's ``.cache`` file (the reason is counted in
-   ``hami_trio_monitor_files_rejected_total{reason}``).
-4. ``no_cache_file``: no ``.cache`` file yet (HAMi-core creates it at the container's first
-   ``cuInit``).
-5. ``paused``: the MIG lock pauses the monitor; the rows are still exported, frozen at the
-   last tick before the pause.
-6. ``exported``.
-
-The rules and the metrics: docs/metrics.md (Why a container is or is not exported).
+applies decides): ``no_pod`` (with Kubernetes: an unknown pod UID, a pod not labelled
+``hami.io/vgpu-node=<this node>``, or no container of that name), ``completed`` (the pod
+``Succeeded`` or ``Failed``, or an init container's directory), ``rejected`` (the monitor
+refused the ``.cache`` file), ``no_cache_file`` (none yet), ``paused`` (the MIG lock: still
+exported, frozen at the last tick), else ``exported``.  The rules in full and the metrics:
+docs/metrics.md (Why a container is or is not exported).
 """
 
 from __future__ import annotations

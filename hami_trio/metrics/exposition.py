@@ -2,7 +2,7 @@
 exposition text directly (prometheus-client's own generic renderer is several times slower on
 thousands of series).  :class:`FastGauge` is a ``Metric``, so prometheus-client's encoders
 still serve the OpenMetrics and protobuf formats; :func:`hami_trio.metrics.endpoint.render_metrics`
-uses :meth:`FastGauge.exposition` for the text format.  See docs/metrics.md.
+joins every family's :meth:`FastGauge.pieces` for the text format.  See docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -127,17 +127,14 @@ class FastGauge(_KeptRows, Metric):
         self._rows.append((values, rendered, value))
 
     def render_rows(self, rows: Iterable[GaugeRow]) -> str:
-        """The sample lines of ``rows`` (what :meth:`exposition` writes for them)."""
+        """The sample lines of ``rows`` (what :meth:`encoded` writes for them)."""
         name = self.name
         return "".join([f"{name}{rendered} {value}\n" for _, rendered, value in rows])
 
-    def exposition(self, openmetrics: bool = False) -> str:
-        """``# HELP``, ``# TYPE`` and one line per sample (the same lines in text 0.0.4 and
-        OpenMetrics, so ``openmetrics`` changes nothing)."""
-        return self.encoded(openmetrics).decode("utf-8")
-
     def encoded(self, openmetrics: bool = False) -> bytes:
-        """:meth:`exposition` as UTF-8 (the kept blocks are joined as they are)."""
+        """``# HELP``, ``# TYPE`` and one line per sample, as UTF-8 (the same lines in text
+        0.0.4 and OpenMetrics, so ``openmetrics`` changes nothing; the kept blocks are joined
+        as they are)."""
         return b"".join(self.pieces(openmetrics))
 
     def pieces(self, openmetrics: bool = False) -> list[bytes]:
@@ -188,16 +185,13 @@ class FastCounter(_KeptRows, Metric):
         self._rows.append((values, rendered, value))
 
     def render_rows(self, rows: Iterable[CounterRow]) -> str:
-        """The sample lines of ``rows`` (what :meth:`exposition` writes for them)."""
+        """The sample lines of ``rows`` (what :meth:`encoded` writes for them)."""
         sample = f"{self.name}_total"
         return "".join([f"{sample}{rendered} {value!r}\n" for _, rendered, value in rows])
 
-    def exposition(self, openmetrics: bool = False) -> str:
-        """``# HELP``, ``# TYPE`` and one ``name_total`` line per sample."""
-        return self.encoded(openmetrics).decode("utf-8")
-
     def encoded(self, openmetrics: bool = False) -> bytes:
-        """:meth:`exposition` as UTF-8 (the kept blocks are joined as they are)."""
+        """``# HELP``, ``# TYPE`` and one ``name_total`` line per sample, as UTF-8 (the kept
+        blocks are joined as they are)."""
         return b"".join(self.pieces(openmetrics))
 
     def pieces(self, openmetrics: bool = False) -> list[bytes]:

@@ -36,7 +36,7 @@ __all__ = [
     "serve_nvml_release",
 ]
 
-_log = logging.getLogger("hami_trio.monitor.hostgpu")  # the name in the logs (kept across moves)
+_log = logging.getLogger(__name__)
 _RESUMED = "MIG apply lock gone: host GPU metrics resumed"
 
 

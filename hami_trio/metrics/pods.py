@@ -2,22 +2,15 @@
 
 How this works: :class:`PodCollector` is registered beside the vGPU collector when the agent
 watches Kubernetes.  Each scrape reads the pod source's pods on this node (labelled
-``hami.io/vgpu-node=<node>``, the same selection as the container metrics) and renders:
-
-- ``hami_trio_container_allocated_memory_bytes`` / ``..._allocated_cores_ratio``: one row per
-  device of every container that HAMi's ``hami.io/vgpu-devices-allocated`` annotation gives
-  one (:mod:`hami_trio.pods.allocated`), whether or not the container has a ``.cache`` file
-  yet; left out once the pod is ``Succeeded`` or ``Failed``;
-- ``hami_trio_pod_info{namespace, pod, pod_uid, node, phase} 1`` for every such pod;
-- ``hami_trio_pod_labels{namespace, pod, label_<name>...} 1`` with the pod labels named by
-  ``--pod-labels-allowlist`` (:func:`label_names` sanitises them).
-
-A pod's rows are rendered once and reused while the pod object is unchanged (the watch
-replaces it on every change), all rows while the pod snapshot is the same object; a pod's
-annotation is decoded only when its text changed.  A
-malformed annotation costs that pod's allocation rows only: counted once per value in
-``hami_trio_collector_errors_total{phase="allocated"}`` and one rate-limited warning naming
-the pod.  Every family and label: docs/metrics.md.
+``hami.io/vgpu-node=<node>``, the same selection as the container metrics) and renders
+``hami_trio_container_allocated_memory_bytes`` / ``..._allocated_cores_ratio`` (one row per
+device HAMi's ``hami.io/vgpu-devices-allocated`` annotation gives a container,
+:mod:`hami_trio.pods.allocated`), ``hami_trio_pod_info`` and ``hami_trio_pod_labels`` (the
+labels of ``--pod-labels-allowlist``, sanitised by :func:`label_names`).  A pod's rows are
+rendered once and reused while the pod object is unchanged, and its annotation is decoded
+only when its text changed.  A malformed annotation costs that pod's allocation rows only:
+counted in ``hami_trio_collector_errors_total{phase="allocated"}``, with one rate-limited
+warning naming the pod.  Every family, label and rule: docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -53,7 +46,7 @@ __all__ = [
     "parse_label_allowlist",
 ]
 
-_log = logging.getLogger("hami_trio.monitor.metrics")
+_log = logging.getLogger(__name__)
 
 #: The most pod labels ``--pod-labels-allowlist`` may name.
 MAX_ALLOWLIST: Final = 32

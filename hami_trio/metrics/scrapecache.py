@@ -1,20 +1,16 @@
 """One rendered ``/metrics`` body per freshness window, shared by every scrape in it.
 
 How this works: a scrape asks :class:`ScrapeCache` for the body in the format its ``Accept``
-header chooses, plain or gzip.  The cache keys bodies by that format and encoding; a body is
-reused while it is fresh (rendered less than ``window`` seconds ago, in the same
-``generation``: the monitor's tick), and a render in flight is joined by every scrape of the
-same key instead of starting another.  Renders run in the cache's own nursery
-(:meth:`ScrapeCache.serve`), never in a scrape's task, so no scrape has to be protected while
-it waits: the server may close any waiting connection and the render still completes for the
-others.  A gzip body is compressed once from the plain body of the same window.
-
-Only the formats a scraper asks for are kept (:data:`CACHEABLE_CONTENT_TYPES`, a fixed
-set); anything else - ``name[]``, an odd ``Accept`` - is rendered for its request alone,
-through a bounded queue: when ``max_pending`` such renders are waiting or running, the next
-one is refused at once with :class:`RenderQueueFull` (the endpoint answers ``503`` with
-``Retry-After``), never queued.  So a flood of scrapes costs at most one render per cached
-key and window, plus the bounded queue.
+header chooses, plain or gzip.  A body is reused while it is fresh (rendered less than
+``window`` seconds ago, in the same ``generation``: the monitor's tick), and a render in
+flight is joined by every scrape of the same key.  Renders run in the cache's own nursery
+(:meth:`ScrapeCache.serve`), never in a scrape's task, so the server may close any waiting
+connection and the render still completes for the others; a gzip body is compressed once
+from the plain body of the same window.  Only :data:`CACHEABLE_CONTENT_TYPES` are kept;
+anything else (``name[]``, an odd ``Accept``) is rendered for its request alone through a
+bounded queue, and past ``max_pending`` refused at once with :class:`RenderQueueFull`
+(``503`` with ``Retry-After``).  So a flood of scrapes costs at most one render per cached
+key and window, plus the bounded queue.  docs/metrics.md.
 """
 
 from __future__ import annotations

@@ -2,21 +2,14 @@
 
 How this works: HAMi's scheduler records what it gave each container of a pod in this
 annotation, before the pod runs; the pod collector turns it into
-``hami_trio_container_allocated_*`` rows, so a container's allocation is visible before (and
-without) any use of the GPU.  The value is one entry per container, separated by ``;``, in
-the order init containers, then containers; empty entries are kept so that indexes stay
-aligned (HAMi's encoder writes a ``;`` after every container, so a value ends with one empty
-entry past the last container).  Inside an entry the devices are separated by ``:`` (empty
-segments skipped), and each device is ``UUID,Type,memory MiB,cores percent``, e.g.
-``GPU-aaaa,NVIDIA,4096,30:GPU-bbbb,NVIDIA,2048,0:;;``.
-
-:func:`decode_allocated` accepts what HAMi's ``DecodePodDevices`` accepts: a segment with
-fewer than four fields, an empty UUID or type, or a memory or core figure that is not a
-base-10 ``int32`` (Go's ``strconv.ParseInt(s, 10, 32)``: optional sign, ASCII digits, no
-spaces) or is negative rejects the whole annotation; fields after the fourth are ignored.
-Because whoever creates a pod can write this annotation, it also bounds what one pod can add
-(:data:`MAX_ANNOTATION_BYTES`, :data:`MAX_ENTRIES`, :data:`MAX_DEVICES`,
-:data:`MAX_FIELD_CHARS`, text that is not valid Unicode).  Any error raises
+``hami_trio_container_allocated_*`` rows.  The value is one entry per container (init
+containers, then containers), separated by ``;``; inside an entry the devices are separated
+by ``:``, each ``UUID,Type,memory MiB,cores percent``, e.g.
+``GPU-aaaa,NVIDIA,4096,30:GPU-bbbb,NVIDIA,2048,0:;;``.  :func:`decode_allocated` accepts
+what HAMi's ``DecodePodDevices`` accepts (fields base-10 ``int32`` as Go's ``ParseInt``
+reads them) and, because whoever creates a pod writes this annotation, bounds what one pod
+can add (:data:`MAX_ANNOTATION_BYTES`, :data:`MAX_ENTRIES`, :data:`MAX_DEVICES`,
+:data:`MAX_FIELD_CHARS`, valid Unicode).  Any error raises
 :class:`AllocatedAnnotationError`, never another exception; the collector then leaves that
 pod's allocation rows out with one warning.  The rules: docs/metrics.md (allocated).
 """

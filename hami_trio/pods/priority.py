@@ -7,18 +7,8 @@ region with C's ``atoi`` when it creates the region (1 when the variable is unse
 process in the container can set its own environment before that, and can write the region
 afterwards, so the region's priority is only what the process says; the pod spec is what
 whoever created the pod said, and nothing in the container can change it (a container's
-``env`` and ``resources`` of extended resources are immutable).
-
-:func:`spec_priority` reads, for one container of the spec:
-
-1. the last ``env`` entry named ``CUDA_TASK_PRIORITY`` (Kubernetes lets a later entry
-   override an earlier one, and the webhook appends): a literal ``value`` gives
-   ``atoi(value)`` - exactly what HAMi-core stores for that environment, so an honest region
-   agrees - and one with ``valueFrom`` (a ConfigMap, the downward API) says nothing;
-2. failing any such entry, the priority resource in ``resources.limits``: the webhook's
-   ``fmt.Sprint(quantity.Value())`` through ``atoi`` (a quantity this module cannot read
-   says nothing);
-3. else nothing (None): the region's priority counts, as upstream.
+``env`` and ``resources`` of extended resources are immutable).  :func:`spec_priority` reads
+the spec's value; how the monitor uses it: docs/monitor.md.
 """
 
 from __future__ import annotations
@@ -126,7 +116,16 @@ def parse_quantity(text: str) -> int | None:
 
 
 def spec_priority(container: object, resource: str = PRIORITY_RESOURCE) -> int | None:
-    """The priority one container of a pod spec sets (module docstring), or None."""
+    """The priority one container of a pod spec sets, or None.
+
+    In order: the last ``env`` entry named ``CUDA_TASK_PRIORITY`` (Kubernetes lets a later
+    entry override an earlier one, and the webhook appends): a literal ``value`` gives
+    ``atoi(value)`` - exactly what HAMi-core stores for that environment, so an honest region
+    agrees - and one with ``valueFrom`` (a ConfigMap, the downward API) says nothing; failing
+    any such entry, the priority resource in ``resources.limits``: the webhook's
+    ``fmt.Sprint(quantity.Value())`` through ``atoi`` (a quantity this module cannot read says
+    nothing); else nothing (None): the region's priority counts, as upstream.
+    """
     if not isinstance(container, dict):
         return None
     env = container.get("env")

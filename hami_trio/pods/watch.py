@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, ParamSpec, TypeVar, cast
@@ -59,7 +59,7 @@ __all__ = [
     "serve_pod_watch",
 ]
 
-_log = logging.getLogger("hami_trio.monitor.pods")  # the name in the logs (kept across moves)
+_log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------------------------
@@ -290,12 +290,7 @@ class KubernetesPodSource:
         if self._synced_gauge is not None:
             self._synced_gauge.set(1 if self.authoritative else 0)
 
-    def _replace(self, pods: Iterable[PodInfo] | PodBudget, resource_version: str) -> None:
-        if not isinstance(pods, PodBudget):
-            budget = self.new_budget()
-            for pod in pods:
-                budget.put(pod)
-            pods = budget
+    def _replace(self, pods: PodBudget, resource_version: str) -> None:
         self._budget = pods
         self._pods = MappingProxyType(pods.pods())
         self._resource_version = resource_version

@@ -16,9 +16,10 @@ import pytest
 import trio
 import trio.testing
 
+from hami_trio.agent.config import SETTINGS_BY_NAME, config_from_flags
 from hami_trio.broker.boundary import default_lock_path
 from hami_trio.broker.protocol import VALID_REQUEST, encode_response
-from hami_trio.broker.server import BrokerConfig
+from hami_trio.broker.server import DEFAULT_EXCHANGE_DEADLINE, DEFAULT_MAX_EXCHANGES, BrokerConfig
 from hami_trio.cli.broker import parse_deadline, run_broker
 from hami_trio.cli.main import build_parser, main
 from hami_trio.errors import BrokerStartupError, ConfigError
@@ -116,8 +117,8 @@ def test_second_broker_is_refused_and_first_keeps_running(socket_path: Path) -> 
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--max-exchanges", "many"], "--max-exchanges must be an integer, got 'many'"),
-        (["--max-exchanges", "0"], "max_exchanges must be at least 1, got 0"),
+        (["--max-exchanges", "many"], "--max-exchanges: 'many' is not an integer"),
+        (["--max-exchanges", "0"], "--max-exchanges: must be at least 1, got '0'"),
         (["--exchange-deadline", "0"], "--exchange-deadline must be a positive duration"),
         (["--exchange-deadline", "soon"], "--exchange-deadline"),
         (["--log-level", "chatty"], "--log-level: unknown log level 'chatty'"),
@@ -136,8 +137,26 @@ def test_bad_flags_exit_2(
 def test_broker_is_a_registered_command() -> None:
     args = build_parser().parse_args(["broker"])
     assert args.socket_path == Path("/var/run/hami/hostpid/broker.sock")
-    assert args.max_exchanges == "4096"
-    assert args.exchange_deadline == "0.5"
+    assert (args.max_exchanges, args.exchange_deadline) == (None, None)  # the defaults below
+
+
+def test_broker_shares_the_agents_settings(
+    socket_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One definition, two flag names: the same defaults, parser and messages."""
+    assert SETTINGS_BY_NAME["broker_exchange_deadline"].default == DEFAULT_EXCHANGE_DEADLINE
+    assert SETTINGS_BY_NAME["broker_max_exchanges"].default == DEFAULT_MAX_EXCHANGES
+    for agent_flag, broker_flag in (
+        ("--broker-exchange-deadline", "--exchange-deadline"),
+        ("--broker-max-exchanges", "--max-exchanges"),
+    ):
+        dest = agent_flag.removeprefix("--").replace("-", "_")
+        with pytest.raises(ConfigError) as agent_error:
+            config_from_flags({"hook_path": "/x", "no_kubernetes": True, dest: "-3"}, {})
+        assert main(["broker", "--socket-path", str(socket_path), broker_flag, "-3"]) == 2
+        broker_error = capsys.readouterr().err.removeprefix("hami-trio broker: ").strip()
+        assert broker_error == str(agent_error.value).replace(agent_flag, broker_flag)
+        assert "'-3'" in broker_error
 
 
 @pytest.mark.parametrize(

@@ -72,7 +72,7 @@ def test_no_library_logs_once_and_retries_quietly(caplog: pytest.LogCaptureFixtu
     clock = _Clock()
     nvml = FakeNvml(gpus=[A100], init_error=pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
     sampler = HostGpuSampler(nvml, retry_interval=60, clock=clock)
-    with caplog.at_level(logging.INFO, logger="hami_trio.monitor.hostgpu"):
+    with caplog.at_level(logging.INFO, logger="hami_trio.metrics.hostgpu"):
         assert sampler.sample() is None
         assert sampler.sample() is None
         assert nvml.init_calls == 1  # not retried within the interval
@@ -134,7 +134,7 @@ def test_pause_until_resumes_at_the_first_sample_after_the_lock(
     assert sampler.sample() is None
     assert nvml.init_calls == 1  # still locked: nothing opened
     locked[0] = False
-    with caplog.at_level(logging.INFO, logger="hami_trio.monitor.hostgpu"):
+    with caplog.at_level(logging.INFO, logger="hami_trio.metrics.hostgpu"):
         assert sampler.sample() is not None
         assert not sampler.resume()  # already resumed by the sample
     assert not sampler.paused
