@@ -412,6 +412,7 @@ class ContainerLister:
                 # watched and quiet, its pod known (else _visit decides about removal).
                 name = entry.name
                 tracked = tracked_of.get(name)
+                state: TickState | _Pending | None
                 if (
                     tracked is not None
                     and tracked.handle is not None
