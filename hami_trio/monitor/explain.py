@@ -17,6 +17,7 @@ change keeps the same insight object.  docs/monitor.md (Processes and feedback s
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from types import MappingProxyType
@@ -34,7 +35,10 @@ from hami_trio.monitor.lister import ContainerKey
 from hami_trio.monitor.region import RegionHandle
 from hami_trio.monitor.snapshot import DeviceUsage, UsageSnapshot
 
-__all__ = ["Explainer"]
+__all__ = ["YIELD_EVERY", "Explainer"]
+
+#: Containers explained between two offers of the interpreter lock to other threads.
+YIELD_EVERY = 64
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +105,10 @@ class Explainer:
         # the dead PIDs the published insights were counted with
         same_dead = classifier.dead is self._last_dead
         view: dict[ContainerKey, ContainerInsight] = {}
-        for key, snapshot in snapshots.items():
+        pause = time.sleep
+        for count, (key, snapshot) in enumerate(snapshots.items(), 1):
+            if not count % YIELD_EVERY:
+                pause(0)  # offer the interpreter lock to the event loop (see usage.py)
             recent, switch = snapshot.recent_kernel, snapshot.utilization_switch
             block = blocks.get(key, NEVER_BLOCKED)
             last = previous.get(key)

@@ -41,12 +41,24 @@ from hami_trio.monitor.lister import (
 from hami_trio.monitor.region import RegionHandle
 from hami_trio.monitor.snapshot import UsageSnapshot
 
-__all__ = ["EMPTY_TICK", "EMPTY_USAGE", "TickView", "UsageReader", "UsageState", "UsageView"]
+__all__ = [
+    "EMPTY_TICK",
+    "EMPTY_USAGE",
+    "YIELD_EVERY",
+    "TickView",
+    "UsageReader",
+    "UsageState",
+    "UsageView",
+]
 
 logger = logging.getLogger(__name__)
 
 #: A container as of a usage read.
 UsageState = ContainerState[UsageSnapshot]
+#: Containers read between two offers of the interpreter lock to other threads (the event
+#: loop's above all): the read is Python, and a thread that waits for the lock otherwise
+#: gets it only every switch interval (5 ms), after each of its system calls.
+YIELD_EVERY = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +159,10 @@ class UsageReader:
         handles, last, reasons = tick.handles, self._last, self._reasons
         containers: dict[ContainerKey, UsageState] = {}
         snapshots: dict[ContainerKey, UsageSnapshot] = {}
-        for key, state in tick.states.items():
+        pause = time.sleep
+        for count, (key, state) in enumerate(tick.states.items(), 1):
+            if not count % YIELD_EVERY:
+                pause(0)  # lets a waiting thread (the event loop) take the lock now
             if state.snapshot is None:
                 # Nothing to read (no file, or the tick refused it): the tick's word stands.
                 containers[key] = cast(UsageState, state)
