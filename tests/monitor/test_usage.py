@@ -107,7 +107,7 @@ def _slow_reads(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def pread(fd: int, length: int, offset: int) -> bytes:
         if threading.current_thread() is not threading.main_thread():
-            time.sleep(0.0002)
+            time.sleep(0.0005)
         return real(fd, length, offset)
 
     monkeypatch.setattr(os, "pread", pread)
@@ -167,13 +167,16 @@ async def test_a_replacement_storm_racing_usage_reads_never_mixes_tenants_up(
     thread = threading.Thread(target=storm, daemon=True)
     thread.start()
     try:
-        with trio.move_on_after(4.0):
+        # At least 4 s, and on until enough was replaced and read (a loaded machine is slow).
+        started = trio.current_time()
+        with trio.move_on_after(60.0):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(reads)
                 nursery.start_soon(reads)
-                while True:
+                while trio.current_time() - started < 4.0 or min(replaced[0], checked[0]) < 10 * n:
                     await monitor.tick()
                     await trio.lowlevel.checkpoint()
+                stop.set()
     finally:
         stop.set()
         thread.join(30)
