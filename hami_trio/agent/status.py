@@ -268,6 +268,12 @@ def _summary(document: Mapping[str, Any]) -> list[str]:
         f"{monitor.get('containers_total')} container directories ({by_status or 'none'}) "
         f"in {monitor.get('containers_dir')}",
     ]
+    read_at, generated = monitor.get("usage_read_at"), document.get("generated_at")
+    if isinstance(read_at, (int, float)) and isinstance(generated, (int, float)):
+        age = max(0.0, float(generated) - float(read_at))
+        lines.append(f"usage (memory, utilisation, processes) read {age:.1f}s before this answer")
+    elif "usage_read_at" in monitor:
+        lines.append("usage not read yet (no tick, or the MIG lock holds every read back)")
     by_export = monitor.get("by_export_state")
     if isinstance(by_export, Mapping):
         lines.append("export: " + ", ".join(f"{k} {v}" for k, v in by_export.items()))

@@ -5,6 +5,7 @@ The command against a real agent: tests/cli/test_status.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -61,7 +62,7 @@ def test_the_table_shows_extras_devices_and_why() -> None:
         now=0.0,
         node_name="node-a",
         version="9.9",
-        monitor=MONITOR,
+        monitor=dataclasses.replace(MONITOR, usage_read_at=-2.5),
         pods=PodWatchSummary("kubernetes", True, True, pods=1, relists=0, node_name="node-a"),
         broker=None,
         extras=extras,
@@ -72,6 +73,7 @@ def test_the_table_shows_extras_devices_and_why() -> None:
     assert head.splitlines()[1:] == [
         "monitor: 7 ticks every 5.0s, running; 2 container directories (loaded 2) in "
         "/hook/containers",
+        "usage (memory, utilisation, processes) read 2.5s before this answer",
         "export: exported 1, no_pod 1",
         "pods: Kubernetes watch of node node-a: synced, 1 pods known, 0 relists",
         "broker: off (LIBVGPU_HOSTPID_BROKER is not 1): new processes get host PID 0",
@@ -292,3 +294,20 @@ def test_no_cache_file_name_can_hide_reorder_or_add_text(names: list[str]) -> No
     # Only the names differ, each at most MAX_QUOTED characters and its quotes.
     fixed = len(plain) - sum(len(quote(f"{i}.cache")) for i in range(len(shown)))
     assert len(note) <= fixed + len(shown) * (MAX_QUOTED + 5)
+
+
+def test_the_summary_says_when_usage_was_not_read_yet() -> None:
+    doc = debug_state(
+        {},
+        StaticPodSource([POD]),
+        now=0.0,
+        node_name="node-a",
+        version="9.9",
+        monitor=MONITOR,
+        pods=PodWatchSummary("static", True, True, node_name="node-a"),
+        broker=None,
+    )
+    assert (
+        "usage not read yet (no tick, or the MIG lock holds every read back)"
+        in format_status(doc).splitlines()
+    )

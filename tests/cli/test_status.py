@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,6 +66,10 @@ def test_status_prints_one_row_per_device_and_the_reasons(
         "ticks every 0.05s, running; 3 container directories (loaded 1, no_cache_file 1, "
         f"rejected 1) in {hook / 'containers'}"
     )
+    assert re.fullmatch(
+        r"usage \(memory, utilisation, processes\) read \d+\.\ds before this answer", lines[2]
+    ), lines[2]
+    del lines[2]
     assert lines[2] == "export: exported 1, no_cache_file 1, rejected 1"
     assert lines[3] == "pods: no Kubernetes (--no-kubernetes): every directory is its own pod"
     assert lines[4] == f"broker: {socket_path}: 1 exchanges (ok 1), 0 in flight"
