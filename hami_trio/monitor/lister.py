@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 import errno
 import logging
+import operator
 import os
 import stat
 import time
@@ -101,10 +102,13 @@ _CACHE_SUFFIX = ".cache"
 _NO_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 
 
+_BY_NAME = operator.attrgetter("name")
+
+
 def _sorted_entries(fd: int) -> list[os.DirEntry[str]]:
     """Every entry of the directory open at ``fd``, sorted by name."""
     with os.scandir(fd) as it:
-        return sorted(it, key=lambda e: e.name)
+        return sorted(it, key=_BY_NAME)
 
 
 def _bounded_names(fd: int) -> list[str] | None:
@@ -444,7 +448,8 @@ class ContainerLister:
             os.close(root_fd)
         self._forget(seen)
         self._watch.tick_done()
-        self._warned.intersection_update(entry.name for entry in entries)
+        if self._warned:
+            self._warned.intersection_update(entry.name for entry in entries)
         self._view = MappingProxyType(states)
         self._handles = MappingProxyType(handles)
         if self._removing:
@@ -671,7 +676,7 @@ class ContainerLister:
             self._removal_queue.appendleft((remover.name, None))
 
     def _forget(self, seen: set[str]) -> None:
-        for name in [n for n in self._tracked if n not in seen]:
+        for name in self._tracked.keys() - seen:  # a set difference, in C
             self._drop_handle(self._tracked.pop(name))
 
     def _drop_handle(self, tracked: _Tracked) -> None:

@@ -293,16 +293,23 @@ class RegionHandle:
         offset, length = decoder.start(size)
         want = size - offset + 1
         self.read_bytes = want
-        data = self._pread(want, offset)
+        try:
+            data = os.pread(self._fd, want, offset)
+        except OSError as exc:
+            raise _io_rejection(self.display, "read", exc) from exc
         if len(data) != want - 1:
             self._probe_size = None
             return self._named(self.size(), probe=False)  # grown or shrunk: decode afresh
         try:
             step = decoder.feed(data if want - 1 == length else data[:length])
-            if step.__class__ is not tuple:
-                return step  # type: ignore[return-value]
-            self._probe_size = None  # set again by the decode below
-            return self._read(size, False)
+            while isinstance(step, tuple):  # the static head is due
+                offset, length = step
+                self.read_bytes += length
+                data = self._pread(length, offset)
+                if len(data) != length:
+                    raise self._shrank(len(data), length, offset)
+                step = decoder.feed(data)
+            return step
         except CacheFileRejected as exc:
             raise self._renamed(exc) from None
 

@@ -957,6 +957,8 @@ class TickDecoder:
     __slots__ = (
         "_age",
         "_every",
+        "_kept_head",
+        "_kept_static",
         "_layout",
         "_pending",
         "_size",
@@ -976,6 +978,10 @@ class TickDecoder:
         self._layout: Layout | None = None  # set while the latest decode succeeded
         self._size = -1  # the size the kept head was decoded at (-1: none kept)
         self._static: StaticInfo | None = None
+        # The head bytes last decoded at this size and what they gave: a refresh that finds
+        # the same bytes (the usual case) decodes nothing.
+        self._kept_head: tuple[bytes] | None = None
+        self._kept_static: StaticInfo | None = None
         self._version: tuple[int | None, int | None] = (None, None)
         self._tail = b""
         self._snapshot: TickSnapshot | None = None
@@ -1002,6 +1008,7 @@ class TickDecoder:
         self._layout = None
         if size != self._size:
             self._static = None  # another size: the head is decoded afresh
+            self._kept_head = self._kept_static = None
             self._size = size
             self._pending = layout_for_size(size)
         layout = self._pending
@@ -1057,12 +1064,18 @@ class TickDecoder:
             return self._publish(layout, values)
         # the static head
         self._want = -1
+        kept_head = self._kept_head
+        if kept_head is not None and data == kept_head[0] and self._kept_static is not None:
+            # The very bytes the kept head came from (their loader-rule verdict too).
+            self._static = self._kept_static
+            return self._publish(layout, values)
         layout = classify(self._size, data)
         static = parse_static(layout, data)
         kept = self._snapshot
         if kept is not None and kept.uuids == static.uuids:
             static = dataclasses.replace(static, uuids=kept.uuids, device_keys=kept.device_keys)
-        self._static = static
+        self._static = self._kept_static = static
+        self._kept_head = (data,)
         self._version = _version(layout, data)
         return self._publish(layout, values)
 
