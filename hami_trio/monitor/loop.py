@@ -901,18 +901,22 @@ class Monitor:
         """Advance the blocking counters: blocked after this tick means ``recent_kernel`` < 0
         as written this tick, else as read."""
         blocks = self._blocks
+        before = blocks.states()  # the containers blocked at least once, last tick
         blocks.begin(trio.current_time())
         step = blocks.step
         wrote = {w.key: w.value for w in applied if w.field is ControlField.RECENT_KERNEL}
-        if wrote:
-            for key, snapshot in snapshots.items():
+        # Only a container that was ever blocked carries counters; any other one needs a
+        # step only when this tick leaves it blocked (stepping the rest changes nothing).
+        for key in before:
+            snapshot = snapshots.get(key)
+            if snapshot is not None:
                 step(key, wrote.get(key, snapshot.recent_kernel) < 0)
-        else:
-            for key, snapshot in snapshots.items():
-                if snapshot.recent_kernel < 0:
-                    step(key, True)
-                else:
-                    step(key, False)
+        for key, value in wrote.items():
+            if value < 0 and key not in before:
+                step(key, True)
+        for key, snapshot in snapshots.items():
+            if snapshot.recent_kernel < 0 and key not in before and key not in wrote:
+                step(key, True)
         blocks.finish()
 
     async def _guarded_tick(self) -> None:
