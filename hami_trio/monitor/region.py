@@ -47,6 +47,7 @@ PROBE_SLACK = 4096
 _LIFETIME = threading.Lock()
 
 _I32 = struct.Struct("<i")
+_RECENT = ControlField.RECENT_KERNEL
 #: The words the feedback writes (-1 blocked, 0, 1, and the decrements of small counts),
 #: packed once: a busy node writes one or two per container per tick.
 _SMALL_WORDS = {value: _I32.pack(value) for value in range(-1, 64)}
@@ -431,42 +432,24 @@ class RegionHandle:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def _store(self, stores: list[tuple[int, bytes]]) -> None:
-        if not self.writable:
-            raise CacheFileRejected(RejectReason.IO_ERROR, f"{self.display} is open read-only")
-        decoder = self._decoder
-        if decoder.layout is None:
-            raise CacheFileRejected(
-                RejectReason.IO_ERROR, f"{self.display}: no successful read to write against"
-            )
-        # pwrite past the end would grow the tenant's file; only write while the file still
-        # has the size the decision was made on.  Two bytes read across the old end say it
-        # in one cheap system call: exactly one comes back only when the file ends there.
-        size = decoder.size
-        assert size is not None  # a decode succeeded (layout is set)
-        probe = self._pread(2, size - 1)
-        if len(probe) != 1:
-            raise CacheFileRejected(
-                RejectReason.TRUNCATED, f"{self.display} changed size since it was read"
-            )
-        for offset, data in stores:
-            try:
-                written = os.pwrite(self._fd, data, offset)
-            except OSError as exc:
-                raise _io_rejection(self.display, "write", exc) from exc
-            if written != len(data):  # pragma: no cover - regular files do not short-write
-                raise CacheFileRejected(RejectReason.IO_ERROR, f"{self.display}: short write")
-
     def write_controls(self, values: Sequence[tuple[ControlField, int]]) -> None:
         """Store control words (``recent_kernel``, ``utilization_switch``), one aligned
         4-byte ``pwrite`` each, at their offsets in the layout of the tick's last read.
 
+        ``pwrite`` past the end would grow the tenant's file, so the words are written only
+        while the file still has the size the decision was made on: two bytes read across
+        the old end say it in one cheap system call (exactly one comes back only when the
+        file ends there).
+
         Raises:
             ValueError: a value does not fit an int32.
-            CacheFileRejected: no successful read yet, the size changed since, or
+            CacheFileRejected: read-only, no successful read yet, the size changed since, or
                 ``io_error``.
         """
-        layout = self._decoder.layout
+        if not self.writable:
+            raise CacheFileRejected(RejectReason.IO_ERROR, f"{self.display} is open read-only")
+        decoder = self._decoder
+        layout = decoder.layout
         if layout is None:
             raise CacheFileRejected(
                 RejectReason.IO_ERROR, f"{self.display}: no successful read to write against"
@@ -476,8 +459,22 @@ class RegionHandle:
             data = _SMALL_WORDS.get(value)
             if data is None:
                 data = _pack(_I32, value, field.value)
-            stores.append((field.offset(layout), data))
-        self._store(stores)
+            offset = layout.recent_kernel if field is _RECENT else layout.utilization_switch
+            stores.append((offset, data))
+        size = decoder.size
+        assert size is not None  # a decode succeeded (layout is set)
+        fd = self._fd
+        try:
+            probe = os.pread(fd, 2, size - 1)
+            if len(probe) != 1:
+                raise CacheFileRejected(
+                    RejectReason.TRUNCATED, f"{self.display} changed size since it was read"
+                )
+            for offset, data in stores:
+                if os.pwrite(fd, data, offset) != 4:  # pragma: no cover - no short writes
+                    raise CacheFileRejected(RejectReason.IO_ERROR, f"{self.display}: short write")
+        except OSError as exc:
+            raise _io_rejection(self.display, "write", exc) from exc
 
 
 def read_region_file(path: str | os.PathLike[str]) -> UsageSnapshot:
