@@ -27,8 +27,10 @@ import platform
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, Final, Protocol
+from operator import attrgetter
+from typing import Any, Final, Literal, Protocol
 
 import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -283,179 +285,275 @@ class _InsightLabels:
             self._owners, self._devices = {}, {}
 
 
-class _Families:
-    """The families of one scrape, created empty and filled per container."""
+# -- the container families, each declared once --------------------------------------------
 
-    def __init__(
-        self, legacy: bool, labels: _LabelCache, insight_labels: _InsightLabels | None = None
-    ) -> None:
-        self._labels = labels
-        self._insight_labels = _InsightLabels() if insight_labels is None else insight_labels
-        self.devices = 0
-        new = (*_CONTAINER_LABELS, "zone")
+#: Where a family's rows come from; the row kind also fixes the label names.
+RowKind = Literal["device", "kernel", "mig", "owner", "states", "insight", "insight-device"]
 
-        def gauge(name: str, help_text: str, names: Sequence[str] = new) -> FastGauge:
-            return FastGauge(name, help_text, names)
+#: Label names by row kind (``zone`` only on upstream's families).
+_KIND_LABELS: Final[Mapping[RowKind, tuple[str, ...]]] = {
+    # One row per exported device; value: ``value(device)`` (the sums without exited slots
+    # when the monitor made them).
+    "device": (*_CONTAINER_LABELS, "zone"),
+    # Per exported device, ``now - last_kernel_time``: rendered again when the second changes.
+    "kernel": (*_CONTAINER_LABELS, "zone"),
+    # One row per realised MIG allocation of a pod (:meth:`VGpuCollector._collect_mig`).
+    "mig": (*_MIG_LABELS, "zone"),
+    # One row per container; value: ``value(snapshot)``.
+    "owner": _OWNER_LABELS,
+    # One row per ``state`` of a container with an insight; value: ``value(insight)``'s count.
+    "states": (*_OWNER_LABELS, "state"),
+    # One row per container with an insight; value: ``value(insight)``.
+    "insight": _OWNER_LABELS,
+    # Per exported device of a container with an insight, ``value(insight)[index]`` where the
+    # sequence reaches that far.
+    "insight-device": _CONTAINER_LABELS,
+}
+#: The row kinds whose rows a container keeps across scrapes (:class:`_ContainerRows`).
+_KEPT_KINDS: Final[frozenset[RowKind]] = frozenset(
+    {"device", "owner", "states", "insight", "insight-device"}
+)
 
-        self.used = gauge("hami_vgpu_memory_used_bytes", "vGPU device memory usage in bytes")
-        self.limit = gauge("hami_vgpu_memory_limit_bytes", "vGPU device memory limit in bytes")
-        self.memory = gauge(
-            "hami_container_device_memory_bytes", "Container device memory usage in bytes"
-        )
-        self.util = gauge(
-            "hami_container_device_utilization_ratio", "Container device SM utilization ratio"
-        )
-        self.last_kernel = gauge(
-            "hami_container_last_kernel_elapsed_seconds",
-            "Seconds since last kernel execution in container",
-        )
-        self.mig = gauge(
-            "hami_mig_device_info",
-            "MIG runtime identity for a container allocation",
-            (*_MIG_LABELS, "zone"),
-        )
-        self.context = gauge(
-            "hami_vgpu_memory_context_bytes", "Container device memory context size in bytes"
-        )
-        self.module = gauge(
-            "hami_vgpu_memory_module_bytes", "Container device memory module size in bytes"
-        )
-        self.buffer = gauge(
-            "hami_vgpu_memory_buffer_bytes", "Container device memory buffer size in bytes"
-        )
-        self.blocked = gauge(
-            "hami_trio_container_blocked",
-            "1 while the monitor blocks the container's kernel launches (recent_kernel < 0)",
-            ("namespace", "pod", "container"),
-        )
-        self._insight_families()
-        self.legacy = legacy
-        old = (*_LEGACY_LABELS, "zone")
-        self.legacy_used = gauge("vGPU_device_memory_usage_in_bytes", "vGPU device usage", old)
-        self.legacy_limit = gauge("vGPU_device_memory_limit_in_bytes", "vGPU device limit", old)
-        self.legacy_memory = gauge(
+
+@dataclass(frozen=True, slots=True)
+class _Legacy:
+    """A family's twin under HAMi's legacy name and labels (``--legacy-metrics``): the same
+    values, labels ``podnamespace, podname, ctrname, vdeviceid, deviceuuid``, then ``extra``
+    (values from ``parts(device)``), then ``zone``."""
+
+    name: str
+    help: str
+    extra: tuple[str, ...] = ()
+    parts: Callable[[DeviceView], tuple[str, ...]] | None = None
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return (*_LEGACY_LABELS, *self.extra, "zone")
+
+
+@dataclass(frozen=True, slots=True)
+class _Family:
+    """One family of the collector, declared once in :data:`_FAMILIES`: its name, help text,
+    type, row kind (and so its labels), the value of a row, its legacy twin, and whether it is
+    one of HAMi vGPUmonitor's families (exposed first, their legacy twins right after them)."""
+
+    name: str
+    help: str
+    rows: RowKind
+    value: Callable[[Any], Any] | None = None
+    counter: bool = False
+    upstream: bool = False
+    legacy: _Legacy | None = None
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return _KIND_LABELS[self.rows]
+
+
+def _memory_parts(device: DeviceView) -> tuple[str, ...]:
+    """The legacy memory description's ``context, module, data, offset``; upstream subtracts
+    in uint64, so parts larger than the memory used wrap around."""
+    context, module, buffer = device.context_size, device.module_size, device.buffer_size
+    offset = (device.memory_total - context - module - buffer) & _MASK64
+    return (str(context), str(module), str(buffer), str(offset))
+
+
+def _blocked(snapshot: SnapshotView) -> int:
+    return 1 if snapshot.recent_kernel < 0 else 0
+
+
+#: Every container family, in exposition order (upstream's, then their legacy twins, then
+#: hami-trio's own).  The process, limit and feedback-state families (``states``,
+#: ``insight``, ``insight-device``) need the monitor's insights.  docs/metrics.md lists each.
+_FAMILIES: Final[tuple[_Family, ...]] = (
+    _Family(
+        "hami_vgpu_memory_used_bytes",
+        "vGPU device memory usage in bytes",
+        "device",
+        attrgetter("memory_total"),
+        upstream=True,
+        legacy=_Legacy("vGPU_device_memory_usage_in_bytes", "vGPU device usage"),
+    ),
+    _Family(
+        "hami_vgpu_memory_limit_bytes",
+        "vGPU device memory limit in bytes",
+        "device",
+        attrgetter("memory_limit"),
+        upstream=True,
+        legacy=_Legacy("vGPU_device_memory_limit_in_bytes", "vGPU device limit"),
+    ),
+    _Family(
+        "hami_container_device_memory_bytes",
+        "Container device memory usage in bytes",
+        "device",
+        attrgetter("memory_total"),
+        upstream=True,
+        legacy=_Legacy(
             "Device_memory_desc_of_container",
             "Container device memory description",
-            (*_LEGACY_LABELS, "context", "module", "data", "offset", "zone"),
-        )
-        self.legacy_util = gauge(
-            "Device_utilization_desc_of_container", "Container device utilization description", old
-        )
-        self.legacy_last_kernel = gauge(
-            "Device_last_kernel_of_container", "Container device last kernel description", old
-        )
-        self.legacy_mig = gauge(
-            "MigInfo",
-            "Mig device information for container",
-            (*_LEGACY_LABELS, "instanceid", "zone"),
-        )
-        # The families a container's kept lines go to, in _ContainerRows.blocks' order.
-        self._cached: tuple[FastGauge | FastCounter, ...] = (
-            self.used,
-            self.limit,
-            self.memory,
-            self.util,
-            self.context,
-            self.module,
-            self.buffer,
-            self.blocked,
-            self.processes,
-            self.device_processes,
-            self.core_limit,
-            self.priority,
-            self.utilization_switch,
-            self.blocked_seconds,
-            self.blocks,
-        )
+            ("context", "module", "data", "offset"),
+            _memory_parts,
+        ),
+    ),
+    _Family(
+        "hami_container_device_utilization_ratio",
+        "Container device SM utilization ratio",
+        "device",
+        attrgetter("sm_util"),
+        upstream=True,
+        legacy=_Legacy(
+            "Device_utilization_desc_of_container", "Container device utilization description"
+        ),
+    ),
+    _Family(
+        "hami_container_last_kernel_elapsed_seconds",
+        "Seconds since last kernel execution in container",
+        "kernel",
+        upstream=True,
+        legacy=_Legacy(
+            "Device_last_kernel_of_container", "Container device last kernel description"
+        ),
+    ),
+    _Family(
+        "hami_mig_device_info",
+        "MIG runtime identity for a container allocation",
+        "mig",
+        upstream=True,
+        legacy=_Legacy("MigInfo", "Mig device information for container", ("instanceid",)),
+    ),
+    _Family(
+        "hami_vgpu_memory_context_bytes",
+        "Container device memory context size in bytes",
+        "device",
+        attrgetter("context_size"),
+        upstream=True,
+    ),
+    _Family(
+        "hami_vgpu_memory_module_bytes",
+        "Container device memory module size in bytes",
+        "device",
+        attrgetter("module_size"),
+        upstream=True,
+    ),
+    _Family(
+        "hami_vgpu_memory_buffer_bytes",
+        "Container device memory buffer size in bytes",
+        "device",
+        attrgetter("buffer_size"),
+        upstream=True,
+    ),
+    _Family(
+        "hami_trio_container_blocked",
+        "1 while the monitor blocks the container's kernel launches (recent_kernel < 0)",
+        "owner",
+        _blocked,
+    ),
+    _Family(
+        "hami_trio_container_processes",
+        "Live process slots of the container by state: running (host PID alive), exited "
+        "(host PID set, no such process; still in upstream's sums), unknown (host PID 0)",
+        "states",
+        attrgetter("processes"),
+    ),
+    _Family(
+        "hami_trio_container_device_processes",
+        "Live process slots of the container using this device (memory or SM use not 0)",
+        "insight-device",
+        attrgetter("device_processes"),
+    ),
+    _Family(
+        "hami_trio_container_core_limit_ratio",
+        "The container's SM limit on this device in percent (sm_limit; 0: no limit)",
+        "insight-device",
+        attrgetter("core_limits"),
+    ),
+    _Family(
+        "hami_trio_container_priority",
+        "The container's task priority (CUDA_TASK_PRIORITY; lower is more important)",
+        "insight",
+        attrgetter("priority"),
+    ),
+    _Family(
+        "hami_trio_container_utilization_switch",
+        "The utilization_switch word after the latest tick (1: SM limit enforced)",
+        "insight",
+        attrgetter("utilization_switch"),
+    ),
+    _Family(
+        "hami_trio_container_blocked_seconds",
+        "Seconds the monitor's priority blocking held the container (tick resolution)",
+        "insight",
+        attrgetter("block.seconds"),
+        counter=True,
+    ),
+    _Family(
+        "hami_trio_container_blocks",
+        "Times the monitor's priority blocking started holding the container",
+        "insight",
+        attrgetter("block.blocks"),
+        counter=True,
+    ),
+)
+
+_Fast = FastGauge | FastCounter
+#: A family whose rows a container keeps, with its legacy twin when it is the twin's rows.
+_Kept = tuple[_Family, _Legacy | None]
+
+
+def _fast(name: str, help_text: str, labels: Sequence[str], counter: bool) -> _Fast:
+    return (FastCounter if counter else FastGauge)(name, help_text, labels)
+
+
+def _only(table: Sequence[_Family], kind: RowKind) -> _Family:
+    (family,) = [family for family in table if family.rows == kind]
+    return family
+
+
+class _Families:
+    """The families of one scrape, made from :data:`_FAMILIES`, empty, filled per container.
+
+    ``table`` replaces :data:`_FAMILIES` (tests).
+    """
+
+    def __init__(
+        self,
+        legacy: bool,
+        labels: _LabelCache,
+        insight_labels: _InsightLabels | None = None,
+        table: Sequence[_Family] | None = None,
+    ) -> None:
+        table = _FAMILIES if table is None else table
+        self._labels = labels
+        self._insight_labels = _InsightLabels() if insight_labels is None else insight_labels
+        self.legacy = legacy
+        self.devices = 0
+        new = {f.name: _fast(f.name, f.help, f.labels, f.counter) for f in table}
+        # Legacy twins exist without --legacy-metrics too (empty, never exposed).
+        old = {
+            f.name: _fast(f.legacy.name, f.legacy.help, f.legacy.labels, f.counter)
+            for f in table
+            if f.legacy is not None
+        }
+        kept: list[_Kept] = [(f, None) for f in table if f.rows in _KEPT_KINDS]
         if legacy:
-            self._cached += (
-                self.legacy_used,
-                self.legacy_limit,
-                self.legacy_util,
-                self.legacy_memory,
-            )
-
-    def every(self) -> list[FastGauge | FastCounter]:
-        """Every family of the scrape, legacy ones included."""
-        return [
-            value for value in vars(self).values() if isinstance(value, FastGauge | FastCounter)
+            kept += [(f, f.legacy) for f in table if f.rows in _KEPT_KINDS and f.legacy]
+        #: The families a container keeps lines of, in the order of ``_ContainerRows.blocks``.
+        self._kept: tuple[_Kept, ...] = tuple(kept)
+        self._cached = tuple(new[f.name] if twin is None else old[f.name] for f, twin in kept)
+        upstream = [f.name for f in table if f.upstream]
+        self._exposed = [
+            *(new[name] for name in upstream),
+            *(old[name] for name in upstream if legacy and name in old),
+            *(new[f.name] for f in table if not f.upstream),
+            *(old[f.name] for f in table if legacy and not f.upstream and f.name in old),
         ]
+        kernel, mig = _only(table, "kernel").name, _only(table, "mig").name
+        self.last_kernel, self.legacy_last_kernel = new[kernel], old[kernel]
+        self.mig, self.legacy_mig = new[mig], old[mig]
 
-    def upstream(self) -> list[FastGauge]:
-        families = [
-            self.used,
-            self.limit,
-            self.memory,
-            self.util,
-            self.last_kernel,
-            self.mig,
-            self.context,
-            self.module,
-            self.buffer,
-        ]
-        if self.legacy:
-            families += [
-                self.legacy_used,
-                self.legacy_limit,
-                self.legacy_memory,
-                self.legacy_util,
-                self.legacy_last_kernel,
-                self.legacy_mig,
-            ]
-        return families
-
-    # -- the monitor's insight per container (processes, limits, feedback state) ---------
-
-    def _insight_families(self) -> None:
-        owner, device = _OWNER_LABELS, _CONTAINER_LABELS
-        self.processes = FastGauge(
-            "hami_trio_container_processes",
-            "Live process slots of the container by state: running (host PID alive), exited "
-            "(host PID set, no such process; still in upstream's sums), unknown (host PID 0)",
-            (*owner, "state"),
-        )
-        self.device_processes = FastGauge(
-            "hami_trio_container_device_processes",
-            "Live process slots of the container using this device (memory or SM use not 0)",
-            device,
-        )
-        self.core_limit = FastGauge(
-            "hami_trio_container_core_limit_ratio",
-            "The container's SM limit on this device in percent (sm_limit; 0: no limit)",
-            device,
-        )
-        self.priority = FastGauge(
-            "hami_trio_container_priority",
-            "The container's task priority (CUDA_TASK_PRIORITY; lower is more important)",
-            owner,
-        )
-        self.utilization_switch = FastGauge(
-            "hami_trio_container_utilization_switch",
-            "The utilization_switch word after the latest tick (1: SM limit enforced)",
-            owner,
-        )
-        self.blocked_seconds = FastCounter(
-            "hami_trio_container_blocked_seconds",
-            "Seconds the monitor's priority blocking held the container (tick resolution)",
-            owner,
-        )
-        self.blocks = FastCounter(
-            "hami_trio_container_blocks",
-            "Times the monitor's priority blocking started holding the container",
-            owner,
-        )
-
-    def insight_families(self) -> list[FastGauge | FastCounter]:
-        """The families filled by :meth:`render` from the monitor's insights."""
-        return [
-            self.processes,
-            self.device_processes,
-            self.core_limit,
-            self.priority,
-            self.utilization_switch,
-            self.blocked_seconds,
-            self.blocks,
-        ]
+    def exposed(self) -> list[_Fast]:
+        """Every family this scrape exposes (legacy twins with ``legacy``), in order."""
+        return list(self._exposed)
 
     def render(
         self,
@@ -466,7 +564,9 @@ class _Families:
         """Every row of one container, rendered (raises on data that cannot be exported:
         nothing of the container is in the families then).  Only the text is kept: the rows
         are built again from the same objects when something reads a family's samples."""
-        rows, kernel = self._container_rows(owner, snapshot, insight)
+        rows, kernel = _container_rows(
+            self._kept, self._labels, self._insight_labels, owner, snapshot, insight
+        )
         return _ContainerRows(
             snapshot,
             insight,
@@ -481,16 +581,6 @@ class _Families:
             _int64(snapshot.last_kernel_time),
         )
 
-    def _container_rows(
-        self,
-        owner: tuple[str, str, str],
-        snapshot: SnapshotView,
-        insight: InsightView | None,
-    ) -> tuple[list[Sequence[_AnyRow]], tuple[_KernelLabels, ...]]:
-        return _container_rows(
-            self._labels, self._insight_labels, self.legacy, owner, snapshot, insight
-        )
-
     def attach(self, containers: Sequence[_ContainerRows], now: int) -> None:
         """Fill the families with the containers' rows (rendered by :meth:`render`, in this
         scrape or an earlier one), in this order; ``now`` for ``last_kernel_elapsed``."""
@@ -501,7 +591,7 @@ class _Families:
             # Not a bound method: the families must not refer back to this object, or every
             # scrape's families (and the rows they hold) wait for a cyclic collection.
             family.block_rows = partial(
-                _block_rows, self._labels, self._insight_labels, self.legacy, containers, index
+                _block_rows, self._kept, self._labels, self._insight_labels, containers, index
             )
         kernel, legacy_kernel = [], []
         for container in containers:
@@ -530,133 +620,131 @@ _Row = tuple[tuple[str, ...], str, int]
 _AnyRow = tuple[tuple[str, ...], str, Any]
 #: Label values, new-style rendering, legacy rendering.
 _KernelLabels = tuple[tuple[str, ...], str, str]
+#: An exported device: its ids (owner, index, UUID), label values (with ``zone``), new-style
+#: and legacy rendering, the device.
+_Exported = tuple[tuple[str, ...], tuple[str, ...], str, str, DeviceView]
+
+
+class _Source:
+    """What one container's rows are made of (the owner's rendered labels, the exported
+    devices), shared by the rows of every family."""
+
+    __slots__ = ("devices", "insight", "insight_labels", "owner", "rendered", "snapshot", "states")
+
+    def __init__(
+        self,
+        label_cache: _LabelCache,
+        insight_labels: _InsightLabels,
+        owner: tuple[str, str, str],
+        snapshot: SnapshotView,
+        insight: InsightView | None,
+    ) -> None:
+        self.owner, self.snapshot, self.insight = owner, snapshot, insight
+        self.insight_labels = insight_labels
+        self.rendered, self.states = insight_labels.owner(owner)
+        labels = label_cache.get
+        devices: list[_Exported] = []
+        for device in _summed_devices(snapshot, insight):
+            uuid = device.uuid.label
+            if uuid is None:
+                continue
+            ids = (*owner, str(device.index), uuid)
+            rendered, rendered_old = labels(ids)
+            devices.append((ids, (*ids, ZONE), rendered, rendered_old, device))
+        self.devices = devices
+
+
+def _device_rows(family: _Family, twin: _Legacy | None, source: _Source) -> list[_AnyRow]:
+    get = family.value
+    assert get is not None
+    if twin is None:
+        return [(values, new, get(device)) for _, values, new, _, device in source.devices]
+    if twin.parts is None:
+        return [(values, old, get(device)) for _, values, _, old, device in source.devices]
+    template = "".join([f',{name}="{{}}"' for name in twin.extra])
+    rows: list[_AnyRow] = []
+    for ids, _, _, old, device in source.devices:
+        parts = twin.parts(device)
+        rendered = old[: -len(_ZONE_SUFFIX)] + template.format(*parts) + _ZONE_SUFFIX
+        rows.append(((*ids, *parts, ZONE), rendered, get(device)))
+    return rows
+
+
+def _owner_rows(family: _Family, twin: _Legacy | None, source: _Source) -> list[_AnyRow]:
+    assert family.value is not None
+    return [(source.owner, source.rendered, family.value(source.snapshot))]
+
+
+def _insight_rows(family: _Family, twin: _Legacy | None, source: _Source) -> list[_AnyRow]:
+    if source.insight is None:
+        return []
+    assert family.value is not None
+    return [(source.owner, source.rendered, family.value(source.insight))]
+
+
+def _state_rows(family: _Family, twin: _Legacy | None, source: _Source) -> list[_AnyRow]:
+    if source.insight is None:
+        return []
+    assert family.value is not None
+    counts = family.value(source.insight)
+    return [
+        (values, rendered, getattr(counts, state))
+        for state, (values, rendered) in zip(_STATES, source.states, strict=True)
+    ]
+
+
+def _insight_device_rows(family: _Family, twin: _Legacy | None, source: _Source) -> list[_AnyRow]:
+    if source.insight is None or not source.devices:
+        return []
+    assert family.value is not None
+    per_device: Sequence[int] = family.value(source.insight)
+    labels = source.insight_labels.device
+    return [
+        (ids, labels(ids), per_device[device.index])
+        for ids, _, _, _, device in source.devices
+        if device.index < len(per_device)
+    ]
+
+
+_RowsOf = Callable[[_Family, _Legacy | None, _Source], list[_AnyRow]]
+#: How a kept family's rows are made, by row kind.
+_ROWS: Final[Mapping[RowKind, _RowsOf]] = {
+    "device": _device_rows,
+    "owner": _owner_rows,
+    "states": _state_rows,
+    "insight": _insight_rows,
+    "insight-device": _insight_device_rows,
+}
 
 
 def _container_rows(
+    kept: Sequence[_Kept],
     label_cache: _LabelCache,
     insight_labels: _InsightLabels,
-    legacy: bool,
     owner: tuple[str, str, str],
     snapshot: SnapshotView,
     insight: InsightView | None,
-) -> tuple[list[Sequence[_AnyRow]], tuple[_KernelLabels, ...]]:
-    """One container's rows per family of ``_cached``, and per exported device the labels
+) -> tuple[list[list[_AnyRow]], tuple[_KernelLabels, ...]]:
+    """One container's rows per family of ``kept``, and per exported device the labels
     of ``last_kernel_elapsed`` (whose value depends on the time of the scrape)."""
-    labels = label_cache.get
-    rendered_owner, states = insight_labels.owner(owner)
-    used: list[_Row] = []
-    limit: list[_Row] = []
-    memory: list[_Row] = []
-    util: list[_Row] = []
-    context: list[_Row] = []
-    module: list[_Row] = []
-    buffer: list[_Row] = []
-    legacy_used: list[_Row] = []
-    legacy_limit: list[_Row] = []
-    legacy_util: list[_Row] = []
-    legacy_memory: list[_Row] = []
-    kernel: list[_KernelLabels] = []
-    exported: list[tuple[tuple[str, ...], int]] = []
-    for device in _summed_devices(snapshot, insight):
-        uuid = device.uuid.label
-        if uuid is None:
-            continue
-        ids = (*owner, str(device.index), uuid)
-        rendered, rendered_old = labels(ids)
-        values = (*ids, ZONE)
-        total = device.memory_total
-        used.append((values, rendered, total))
-        limit.append((values, rendered, device.memory_limit))
-        memory.append((values, rendered, total))
-        util.append((values, rendered, device.sm_util))
-        context.append((values, rendered, device.context_size))
-        module.append((values, rendered, device.module_size))
-        buffer.append((values, rendered, device.buffer_size))
-        kernel.append((values, rendered, rendered_old))
-        exported.append((ids, device.index))
-        if not legacy:
-            continue
-        legacy_used.append((values, rendered_old, total))
-        legacy_limit.append((values, rendered_old, device.memory_limit))
-        legacy_util.append((values, rendered_old, device.sm_util))
-        # Upstream subtracts in uint64: parts larger than the total wrap around.
-        parts = (
-            str(device.context_size),
-            str(device.module_size),
-            str(device.buffer_size),
-            str((total - device.context_size - device.module_size - device.buffer_size) & _MASK64),
-        )
-        memory_rendered = (
-            rendered_old[: -len(_ZONE_SUFFIX)]
-            + ',context="{}",module="{}",data="{}",offset="{}"'.format(*parts)
-            + _ZONE_SUFFIX
-        )
-        legacy_memory.append(((*ids, *parts, ZONE), memory_rendered, total))
-    blocked: list[_Row] = [(owner, rendered_owner, 1 if snapshot.recent_kernel < 0 else 0)]
-    processes: list[_Row] = []
-    device_processes: list[_Row] = []
-    core_limit: list[_Row] = []
-    priority: list[_Row] = []
-    switch: list[_Row] = []
-    seconds: list[tuple[tuple[str, ...], str, float]] = []
-    blocks: list[tuple[tuple[str, ...], str, float]] = []
-    if insight is not None:
-        (run_ids, run), (exit_ids, exit_), (unk_ids, unk) = states
-        counts = insight.processes
-        processes += [
-            (run_ids, run, counts.running),
-            (exit_ids, exit_, counts.exited),
-            (unk_ids, unk, counts.unknown),
-        ]
-        priority.append((owner, rendered_owner, insight.priority))
-        switch.append((owner, rendered_owner, insight.utilization_switch))
-        block = insight.block
-        seconds.append((owner, rendered_owner, block.seconds))
-        blocks.append((owner, rendered_owner, block.blocks))
-        if exported:
-            limits, users = insight.core_limits, insight.device_processes
-            device_labels = insight_labels.device
-            for device_ids, index in exported:
-                rendered = device_labels(device_ids)
-                if index < len(users):
-                    device_processes.append((device_ids, rendered, users[index]))
-                if index < len(limits):
-                    core_limit.append((device_ids, rendered, limits[index]))
-    rows: list[Sequence[_AnyRow]] = [
-        used,
-        limit,
-        memory,
-        util,
-        context,
-        module,
-        buffer,
-        blocked,
-        processes,
-        device_processes,
-        core_limit,
-        priority,
-        switch,
-        seconds,
-        blocks,
-    ]
-    if legacy:
-        rows += [legacy_used, legacy_limit, legacy_util, legacy_memory]
-    return rows, tuple(kernel)
+    source = _Source(label_cache, insight_labels, owner, snapshot, insight)
+    rows = [_ROWS[family.rows](family, twin, source) for family, twin in kept]
+    return rows, tuple([(values, new, old) for _, values, new, old, _ in source.devices])
 
 
 def _block_rows(
+    kept: Sequence[_Kept],
     label_cache: _LabelCache,
     insight_labels: _InsightLabels,
-    legacy: bool,
     containers: Sequence[_ContainerRows],
     index: int,
 ) -> Iterator[_AnyRow]:
-    """The rows of family ``_cached[index]`` (built again: only samples need them)."""
+    """The rows of family ``kept[index]`` (built again: only samples need them)."""
     for container in containers:
         rows, _ = _container_rows(
+            kept,
             label_cache,
             insight_labels,
-            legacy,
             container.owner,
             container.snapshot,
             container.insight,
@@ -785,14 +873,7 @@ class VGpuCollector(Collector):
         """The families this collector can export (lets the registry reject duplicates)."""
         families = _Families(self._legacy, _LabelCache())
         host = host_gpu_families((), "", legacy=self._legacy, const_labels=[("zone", ZONE)])
-        return [
-            *host,
-            *families.upstream(),
-            families.blocked,
-            *families.insight_families(),
-            self._error_family(),
-            self._state_family(),
-        ]
+        return [*host, *families.exposed(), self._error_family(), self._state_family()]
 
     def collect(self) -> list[Metric]:
         """Build every family from the latest snapshots (called by the registry per scrape)."""
@@ -802,15 +883,10 @@ class VGpuCollector(Collector):
         self._insight_labels.trim(families.devices)
         self._collect_mig(families)
         host = self._collect_host()
-        fast = [
-            family
-            for family in (*families.upstream(), families.blocked, *families.insight_families())
-            if family
-        ]
         # Like Go's registry, a family without samples is not exposed at all.
         return [
             *(family for family in host if family.samples),
-            *fast,
+            *(family for family in families.exposed() if family),
             self._error_family(),
             self._state_family(),
         ]
