@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from operator import attrgetter
 from typing import Any, Final, Literal, Protocol
 
@@ -244,10 +244,10 @@ class _LabelCache:
 
 
 _STATES: Final = ("running", "exited", "unknown")
-_StateLabels = tuple[
-    tuple[tuple[str, ...], str], tuple[tuple[str, ...], str], tuple[tuple[str, ...], str]
-]
-_OwnerLabels = tuple[str, _StateLabels]
+_STATE_COUNTS: Final = attrgetter(*_STATES)
+#: An owner rendered, and per ``state`` (running, exited, unknown) its label values and
+#: their rendering.
+_OwnerLabels = tuple[str, tuple[tuple[str, ...], ...], tuple[str, ...]]
 
 
 class _InsightLabels:
@@ -260,16 +260,17 @@ class _InsightLabels:
         self._devices: dict[tuple[str, ...], str] = {}
 
     def owner(self, owner: tuple[str, str, str]) -> _OwnerLabels:
-        """``(namespace, pod, container)`` rendered, and with each ``state`` (values and
-        rendering) for running, exited, unknown."""
+        """``(namespace, pod, container)`` rendered, and with each ``state`` of
+        :data:`_STATES`: the label values, the renderings."""
         labels = self._owners.get(owner)
         if labels is None:
             rendered = render_labels(_OWNER_LABELS, owner)
             base = rendered[:-1]
-            running, exited, unknown = (
-                ((*owner, state), f'{base},state="{state}"}}') for state in _STATES
+            labels = self._owners[owner] = (
+                rendered,
+                tuple([(*owner, state) for state in _STATES]),
+                tuple([f'{base},state="{state}"}}' for state in _STATES]),
             )
-            labels = self._owners[owner] = (rendered, (running, exited, unknown))
         return labels
 
     def device(self, ids: tuple[str, ...]) -> str:
@@ -288,31 +289,28 @@ class _InsightLabels:
 # -- the container families, each declared once --------------------------------------------
 
 #: Where a family's rows come from; the row kind also fixes the label names.
-RowKind = Literal["device", "kernel", "mig", "owner", "states", "insight", "insight-device"]
+_RowKind = Literal["device", "kernel", "mig", "owner", "states", "insight", "insight-device"]
 
 #: Label names by row kind (``zone`` only on upstream's families).
-_KIND_LABELS: Final[Mapping[RowKind, tuple[str, ...]]] = {
-    # One row per exported device; value: ``value(device)`` (the sums without exited slots
-    # when the monitor made them).
+_KIND_LABELS: Final[Mapping[_RowKind, tuple[str, ...]]] = {
+    # One row per exported device; value: the device's ``field`` (the sums without exited
+    # slots when the monitor made them).
     "device": (*_CONTAINER_LABELS, "zone"),
     # Per exported device, ``now - last_kernel_time``: rendered again when the second changes.
     "kernel": (*_CONTAINER_LABELS, "zone"),
     # One row per realised MIG allocation of a pod (:meth:`VGpuCollector._collect_mig`).
     "mig": (*_MIG_LABELS, "zone"),
-    # One row per container; value: ``value(snapshot)``.
+    # One row per container; value: the snapshot's ``field``.
     "owner": _OWNER_LABELS,
-    # One row per ``state`` of a container with an insight; value: ``value(insight)``'s count.
+    # One row per ``state`` of a container with an insight; value: that state's count in the
+    # insight's ``field``.
     "states": (*_OWNER_LABELS, "state"),
-    # One row per container with an insight; value: ``value(insight)``.
+    # One row per container with an insight; value: the insight's ``field``.
     "insight": _OWNER_LABELS,
-    # Per exported device of a container with an insight, ``value(insight)[index]`` where the
-    # sequence reaches that far.
+    # Per exported device of a container with an insight, the insight's ``field[index]``
+    # where the sequence reaches that far.
     "insight-device": _CONTAINER_LABELS,
 }
-#: The row kinds whose rows a container keeps across scrapes (:class:`_ContainerRows`).
-_KEPT_KINDS: Final[frozenset[RowKind]] = frozenset(
-    {"device", "owner", "states", "insight", "insight-device"}
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,13 +332,17 @@ class _Legacy:
 @dataclass(frozen=True, slots=True)
 class _Family:
     """One family of the collector, declared once in :data:`_FAMILIES`: its name, help text,
-    type, row kind (and so its labels), the value of a row, its legacy twin, and whether it is
-    one of HAMi vGPUmonitor's families (exposed first, their legacy twins right after them)."""
+    type, row kind (and so its labels), the field its value is read from, its legacy twin,
+    and whether it is one of HAMi vGPUmonitor's families (exposed first, their legacy twins
+    right after them)."""
 
     name: str
     help: str
-    rows: RowKind
-    value: Callable[[Any], Any] | None = None
+    rows: _RowKind
+    #: The attribute (dotted) of the row's source that is the value: of the device, snapshot
+    #: or insight (see :data:`_KIND_LABELS`); ``convert`` turns it into the value.
+    field: str = ""
+    convert: Callable[[Any], int] | None = None
     counter: bool = False
     upstream: bool = False
     legacy: _Legacy | None = None
@@ -358,8 +360,8 @@ def _memory_parts(device: DeviceView) -> tuple[str, ...]:
     return (str(context), str(module), str(buffer), str(offset))
 
 
-def _blocked(snapshot: SnapshotView) -> int:
-    return 1 if snapshot.recent_kernel < 0 else 0
+def _blocked(recent_kernel: int) -> int:
+    return 1 if recent_kernel < 0 else 0
 
 
 #: Every container family, in exposition order (upstream's, then their legacy twins, then
@@ -370,7 +372,7 @@ _FAMILIES: Final[tuple[_Family, ...]] = (
         "hami_vgpu_memory_used_bytes",
         "vGPU device memory usage in bytes",
         "device",
-        attrgetter("memory_total"),
+        "memory_total",
         upstream=True,
         legacy=_Legacy("vGPU_device_memory_usage_in_bytes", "vGPU device usage"),
     ),
@@ -378,7 +380,7 @@ _FAMILIES: Final[tuple[_Family, ...]] = (
         "hami_vgpu_memory_limit_bytes",
         "vGPU device memory limit in bytes",
         "device",
-        attrgetter("memory_limit"),
+        "memory_limit",
         upstream=True,
         legacy=_Legacy("vGPU_device_memory_limit_in_bytes", "vGPU device limit"),
     ),
@@ -386,7 +388,7 @@ _FAMILIES: Final[tuple[_Family, ...]] = (
         "hami_container_device_memory_bytes",
         "Container device memory usage in bytes",
         "device",
-        attrgetter("memory_total"),
+        "memory_total",
         upstream=True,
         legacy=_Legacy(
             "Device_memory_desc_of_container",
@@ -399,7 +401,7 @@ _FAMILIES: Final[tuple[_Family, ...]] = (
         "hami_container_device_utilization_ratio",
         "Container device SM utilization ratio",
         "device",
-        attrgetter("sm_util"),
+        "sm_util",
         upstream=True,
         legacy=_Legacy(
             "Device_utilization_desc_of_container", "Container device utilization description"
@@ -425,27 +427,28 @@ _FAMILIES: Final[tuple[_Family, ...]] = (
         "hami_vgpu_memory_context_bytes",
         "Container device memory context size in bytes",
         "device",
-        attrgetter("context_size"),
+        "context_size",
         upstream=True,
     ),
     _Family(
         "hami_vgpu_memory_module_bytes",
         "Container device memory module size in bytes",
         "device",
-        attrgetter("module_size"),
+        "module_size",
         upstream=True,
     ),
     _Family(
         "hami_vgpu_memory_buffer_bytes",
         "Container device memory buffer size in bytes",
         "device",
-        attrgetter("buffer_size"),
+        "buffer_size",
         upstream=True,
     ),
     _Family(
         "hami_trio_container_blocked",
         "1 while the monitor blocks the container's kernel launches (recent_kernel < 0)",
         "owner",
+        "recent_kernel",
         _blocked,
     ),
     _Family(
@@ -453,44 +456,44 @@ _FAMILIES: Final[tuple[_Family, ...]] = (
         "Live process slots of the container by state: running (host PID alive), exited "
         "(host PID set, no such process; still in upstream's sums), unknown (host PID 0)",
         "states",
-        attrgetter("processes"),
+        "processes",
     ),
     _Family(
         "hami_trio_container_device_processes",
         "Live process slots of the container using this device (memory or SM use not 0)",
         "insight-device",
-        attrgetter("device_processes"),
+        "device_processes",
     ),
     _Family(
         "hami_trio_container_core_limit_ratio",
         "The container's SM limit on this device in percent (sm_limit; 0: no limit)",
         "insight-device",
-        attrgetter("core_limits"),
+        "core_limits",
     ),
     _Family(
         "hami_trio_container_priority",
         "The container's task priority (CUDA_TASK_PRIORITY; lower is more important)",
         "insight",
-        attrgetter("priority"),
+        "priority",
     ),
     _Family(
         "hami_trio_container_utilization_switch",
         "The utilization_switch word after the latest tick (1: SM limit enforced)",
         "insight",
-        attrgetter("utilization_switch"),
+        "utilization_switch",
     ),
     _Family(
         "hami_trio_container_blocked_seconds",
         "Seconds the monitor's priority blocking held the container (tick resolution)",
         "insight",
-        attrgetter("block.seconds"),
+        "block.seconds",
         counter=True,
     ),
     _Family(
         "hami_trio_container_blocks",
         "Times the monitor's priority blocking started holding the container",
         "insight",
-        attrgetter("block.blocks"),
+        "block.blocks",
         counter=True,
     ),
 )
@@ -504,7 +507,7 @@ def _fast(name: str, help_text: str, labels: Sequence[str], counter: bool) -> _F
     return (FastCounter if counter else FastGauge)(name, help_text, labels)
 
 
-def _only(table: Sequence[_Family], kind: RowKind) -> _Family:
+def _only(table: Sequence[_Family], kind: _RowKind) -> _Family:
     (family,) = [family for family in table if family.rows == kind]
     return family
 
@@ -534,11 +537,8 @@ class _Families:
             for f in table
             if f.legacy is not None
         }
-        kept: list[_Kept] = [(f, None) for f in table if f.rows in _KEPT_KINDS]
-        if legacy:
-            kept += [(f, f.legacy) for f in table if f.rows in _KEPT_KINDS and f.legacy]
+        kept, self._container_rows = _plan(tuple(table), legacy)
         #: The families a container keeps lines of, in the order of ``_ContainerRows.blocks``.
-        self._kept: tuple[_Kept, ...] = tuple(kept)
         self._cached = tuple(new[f.name] if twin is None else old[f.name] for f, twin in kept)
         upstream = [f.name for f in table if f.upstream]
         self._exposed = [
@@ -564,8 +564,8 @@ class _Families:
         """Every row of one container, rendered (raises on data that cannot be exported:
         nothing of the container is in the families then).  Only the text is kept: the rows
         are built again from the same objects when something reads a family's samples."""
-        rows, kernel = _container_rows(
-            self._kept, self._labels, self._insight_labels, owner, snapshot, insight
+        rows, kernel = self._container_rows(
+            self._labels, self._insight_labels, owner, snapshot, insight
         )
         return _ContainerRows(
             snapshot,
@@ -591,7 +591,12 @@ class _Families:
             # Not a bound method: the families must not refer back to this object, or every
             # scrape's families (and the rows they hold) wait for a cyclic collection.
             family.block_rows = partial(
-                _block_rows, self._kept, self._labels, self._insight_labels, containers, index
+                _block_rows,
+                self._container_rows,
+                self._labels,
+                self._insight_labels,
+                containers,
+                index,
             )
         kernel, legacy_kernel = [], []
         for container in containers:
@@ -620,129 +625,143 @@ _Row = tuple[tuple[str, ...], str, int]
 _AnyRow = tuple[tuple[str, ...], str, Any]
 #: Label values, new-style rendering, legacy rendering.
 _KernelLabels = tuple[tuple[str, ...], str, str]
-#: An exported device: its ids (owner, index, UUID), label values (with ``zone``), new-style
-#: and legacy rendering, the device.
-_Exported = tuple[tuple[str, ...], tuple[str, ...], str, str, DeviceView]
+#: One container's rows per kept family, and per exported device the labels of
+#: ``last_kernel_elapsed``: ``(label cache, insight labels, owner, snapshot, insight)``.
+_ContainerRowsOf = Callable[
+    [_LabelCache, "_InsightLabels", tuple[str, str, str], SnapshotView, InsightView | None],
+    tuple[list[list[_AnyRow]], tuple[_KernelLabels, ...]],
+]
 
-
-class _Source:
-    """What one container's rows are made of (the owner's rendered labels, the exported
-    devices), shared by the rows of every family."""
-
-    __slots__ = ("devices", "insight", "insight_labels", "owner", "rendered", "snapshot", "states")
-
-    def __init__(
-        self,
-        label_cache: _LabelCache,
-        insight_labels: _InsightLabels,
-        owner: tuple[str, str, str],
-        snapshot: SnapshotView,
-        insight: InsightView | None,
-    ) -> None:
-        self.owner, self.snapshot, self.insight = owner, snapshot, insight
-        self.insight_labels = insight_labels
-        self.rendered, self.states = insight_labels.owner(owner)
-        labels = label_cache.get
-        devices: list[_Exported] = []
-        for device in _summed_devices(snapshot, insight):
-            uuid = device.uuid.label
-            if uuid is None:
-                continue
-            ids = (*owner, str(device.index), uuid)
-            rendered, rendered_old = labels(ids)
-            devices.append((ids, (*ids, ZONE), rendered, rendered_old, device))
-        self.devices = devices
-
-
-def _device_rows(family: _Family, twin: _Legacy | None, source: _Source) -> list[_AnyRow]:
-    get = family.value
-    assert get is not None
-    if twin is None:
-        return [(values, new, get(device)) for _, values, new, _, device in source.devices]
-    if twin.parts is None:
-        return [(values, old, get(device)) for _, values, _, old, device in source.devices]
-    template = "".join([f',{name}="{{}}"' for name in twin.extra])
-    rows: list[_AnyRow] = []
-    for ids, _, _, old, device in source.devices:
-        parts = twin.parts(device)
-        rendered = old[: -len(_ZONE_SUFFIX)] + template.format(*parts) + _ZONE_SUFFIX
-        rows.append(((*ids, *parts, ZONE), rendered, get(device)))
-    return rows
-
-
-def _owner_rows(family: _Family, twin: _Legacy | None, source: _Source) -> list[_AnyRow]:
-    assert family.value is not None
-    return [(source.owner, source.rendered, family.value(source.snapshot))]
-
-
-def _insight_rows(family: _Family, twin: _Legacy | None, source: _Source) -> list[_AnyRow]:
-    if source.insight is None:
-        return []
-    assert family.value is not None
-    return [(source.owner, source.rendered, family.value(source.insight))]
-
-
-def _state_rows(family: _Family, twin: _Legacy | None, source: _Source) -> list[_AnyRow]:
-    if source.insight is None:
-        return []
-    assert family.value is not None
-    counts = family.value(source.insight)
-    return [
-        (values, rendered, getattr(counts, state))
-        for state, (values, rendered) in zip(_STATES, source.states, strict=True)
-    ]
-
-
-def _insight_device_rows(family: _Family, twin: _Legacy | None, source: _Source) -> list[_AnyRow]:
-    if source.insight is None or not source.devices:
-        return []
-    assert family.value is not None
-    per_device: Sequence[int] = family.value(source.insight)
-    labels = source.insight_labels.device
-    return [
-        (ids, labels(ids), per_device[device.index])
-        for ids, _, _, _, device in source.devices
-        if device.index < len(per_device)
-    ]
-
-
-_RowsOf = Callable[[_Family, _Legacy | None, _Source], list[_AnyRow]]
-#: How a kept family's rows are made, by row kind.
-_ROWS: Final[Mapping[RowKind, _RowsOf]] = {
-    "device": _device_rows,
-    "owner": _owner_rows,
-    "states": _state_rows,
-    "insight": _insight_rows,
-    "insight-device": _insight_device_rows,
+# How each row kind's rows are written in the function :func:`_plan` makes: per family, the
+# line(s) that fill ``rows{i}`` from ``{value}`` (its field of the row's source).  In the
+# device loop: ``ids``, ``values`` (with zone), ``new`` and ``old`` (the renderings).
+_DEVICE_ROW: Final = "rows{i}.append((values, new, {value}))"
+_LEGACY_ROW: Final = "rows{i}.append((values, old, {value}))"
+_DESCRIBED_ROW: Final = "rows{i}.append(described{i}(ids, old, device, {value}))"
+_OWNER_ROWS: Final = "rows{i} = [(owner, rendered, {value})]"
+_INSIGHT_ROWS: Final = "rows{i} = [(owner, rendered, {value})]"
+_STATE_ROWS: Final = "rows{i} = list(zip(state_values, state_labels, state_counts({value})))"
+_INSIGHT_DEVICE_ROWS: Final = (
+    "per_device = {value}\n"
+    "rows{i} = [(d, r, per_device[x]) for d, r, x in insight_devices if x < len(per_device)]"
+)
+#: The source object of each kept row kind's values (``kernel`` and ``mig`` rows are not a
+#: container's kept rows).
+_SOURCE_OF: Final[Mapping[_RowKind, str]] = {
+    "device": "device",
+    "owner": "snapshot",
+    "states": "insight",
+    "insight": "insight",
+    "insight-device": "insight",
 }
 
 
-def _container_rows(
-    kept: Sequence[_Kept],
-    label_cache: _LabelCache,
-    insight_labels: _InsightLabels,
-    owner: tuple[str, str, str],
-    snapshot: SnapshotView,
-    insight: InsightView | None,
-) -> tuple[list[list[_AnyRow]], tuple[_KernelLabels, ...]]:
-    """One container's rows per family of ``kept``, and per exported device the labels
-    of ``last_kernel_elapsed`` (whose value depends on the time of the scrape)."""
-    source = _Source(label_cache, insight_labels, owner, snapshot, insight)
-    rows = [_ROWS[family.rows](family, twin, source) for family, twin in kept]
-    return rows, tuple([(values, new, old) for _, values, new, old, _ in source.devices])
+@cache
+def _plan(table: tuple[_Family, ...], legacy: bool) -> tuple[tuple[_Kept, ...], _ContainerRowsOf]:
+    """The families a container keeps lines of (each family, then with ``legacy`` the
+    legacy twins) and the function that makes their rows, written out from the table once
+    (as :mod:`dataclasses` writes ``__init__``): a container has few devices and many
+    families, so a Python call or a ``zip`` per family would cost more than its rows."""
+    kept: list[_Kept] = [(f, None) for f in table if f.rows in _SOURCE_OF]
+    if legacy:
+        kept += [(f, f.legacy) for f in table if f.rows in _SOURCE_OF and f.legacy]
+    namespace: dict[str, Any] = {
+        "ZONE": ZONE,
+        "summed_devices": _summed_devices,
+        "state_counts": _STATE_COUNTS,
+    }
+    per_device: list[str] = []
+    per_owner: list[str] = []
+    per_insight: list[str] = []
+    for i, (family, twin) in enumerate(kept):
+        value = f"{_SOURCE_OF[family.rows]}.{_attribute(family.field)}"
+        if family.convert is not None:
+            namespace[f"convert{i}"] = family.convert
+            value = f"convert{i}({value})"
+        if family.rows == "device":
+            if twin is not None and twin.parts is not None:
+                namespace[f"described{i}"] = partial(_described, twin)
+            template = (
+                _DEVICE_ROW
+                if twin is None
+                else _LEGACY_ROW
+                if twin.parts is None
+                else _DESCRIBED_ROW
+            )
+            per_device.append(template.format(i=i, value=value))
+            continue
+        template = {
+            "owner": _OWNER_ROWS,
+            "states": _STATE_ROWS,
+            "insight": _INSIGHT_ROWS,
+            "insight-device": _INSIGHT_DEVICE_ROWS,
+        }[family.rows]
+        (per_owner if family.rows == "owner" else per_insight).append(
+            template.format(i=i, value=value)
+        )
+    device_lists = [f"rows{i} = []" for i, (f, _) in enumerate(kept) if f.rows == "device"]
+    no_insight = [
+        f"rows{i} = []" for i, (f, _) in enumerate(kept) if _SOURCE_OF[f.rows] == "insight"
+    ]
+    lines = [
+        "def rows(label_cache, insight_labels, owner, snapshot, insight):",
+        "    labels = label_cache.get",
+        "    rendered, state_values, state_labels = insight_labels.owner(owner)",
+        *(f"    {line}" for line in device_lists),
+        "    kernel = []",
+        "    exported = []",
+        "    for device in summed_devices(snapshot, insight):",
+        "        uuid = device.uuid.label",
+        "        if uuid is None:",
+        "            continue",
+        "        ids = (*owner, str(device.index), uuid)",
+        "        new, old = labels(ids)",
+        "        values = (*ids, ZONE)",
+        *(f"        {line}" for line in per_device),
+        "        kernel.append((values, new, old))",
+        "        exported.append((ids, device.index))",
+        *(f"    {line}" for line in per_owner),
+        "    if insight is None:",
+        *(f"        {line}" for line in no_insight),
+        "        pass",
+        "    else:",
+        "        device_labels = insight_labels.device",
+        "        insight_devices = [(d, device_labels(d), x) for d, x in exported]",
+        *(f"        {part}" for line in per_insight for part in line.split("\n")),
+        f"    return [{', '.join(f'rows{i}' for i in range(len(kept)))}], tuple(kernel)",
+    ]
+    exec("\n".join(lines), namespace)
+    made: _ContainerRowsOf = namespace.pop("rows")  # its globals must not refer back to it
+    return tuple(kept), made
+
+
+def _attribute(field: str) -> str:
+    """``field`` checked to be a (dotted) attribute name, for the code of :func:`_plan`."""
+    if not field or not all(part.isidentifier() for part in field.split(".")):
+        raise ValueError(f"not an attribute name: {field!r}")
+    return field
+
+
+def _described(
+    twin: _Legacy, ids: tuple[str, ...], old: str, device: DeviceView, value: int
+) -> _AnyRow:
+    """A legacy twin's row with label values of its own (``parts``) before ``zone``."""
+    assert twin.parts is not None
+    parts = twin.parts(device)
+    extra = "".join([f',{name}="{part}"' for name, part in zip(twin.extra, parts, strict=True)])
+    return ((*ids, *parts, ZONE), old[: -len(_ZONE_SUFFIX)] + extra + _ZONE_SUFFIX, value)
 
 
 def _block_rows(
-    kept: Sequence[_Kept],
+    container_rows: _ContainerRowsOf,
     label_cache: _LabelCache,
     insight_labels: _InsightLabels,
     containers: Sequence[_ContainerRows],
     index: int,
 ) -> Iterator[_AnyRow]:
-    """The rows of family ``kept[index]`` (built again: only samples need them)."""
+    """The rows of kept family ``index`` (built again: only samples need them)."""
     for container in containers:
-        rows, _ = _container_rows(
-            kept,
+        rows, _ = container_rows(
             label_cache,
             insight_labels,
             container.owner,
