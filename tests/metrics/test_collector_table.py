@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from hami_trio.metrics import collector as collector_module
 from hami_trio.metrics.collector import VGpuCollector
 from hami_trio.metrics.endpoint import render_metrics
 from hami_trio.pods.source import PodInfo
@@ -356,3 +357,45 @@ def test_metrics_body_is_pinned_byte_for_byte(legacy: bool) -> None:
     got = body(legacy=legacy)
     golden = (GOLDEN / f"collector_{'legacy' if legacy else 'new'}.prom").read_bytes()
     assert got == golden, hashlib.sha256(got).hexdigest()
+
+
+def swapped(first: str, second: str) -> tuple[collector_module._Family, ...]:
+    """The collector's table with the value fields of two families swapped."""
+    table = collector_module._FAMILIES
+    by_name = {family.name: family for family in table}
+    a, b = by_name[first], by_name[second]
+    fields = {first: (b.field, b.convert), second: (a.field, a.convert)}
+    return tuple(
+        replace(f, field=fields[f.name][0], convert=fields[f.name][1]) if f.name in fields else f
+        for f in table
+    )
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("hami_vgpu_memory_context_bytes", "hami_vgpu_memory_module_bytes"),
+        ("hami_vgpu_memory_limit_bytes", "hami_container_device_utilization_ratio"),
+        ("hami_vgpu_memory_used_bytes", "hami_vgpu_memory_buffer_bytes"),
+        ("hami_trio_container_priority", "hami_trio_container_utilization_switch"),
+        ("hami_trio_container_blocked_seconds", "hami_trio_container_blocks"),
+        ("hami_trio_container_device_processes", "hami_trio_container_core_limit_ratio"),
+    ],
+)
+def test_two_swapped_getters_are_found(
+    monkeypatch: pytest.MonkeyPatch, first: str, second: str
+) -> None:
+    # The pin above must see a table whose families read each other's fields.
+    monkeypatch.setattr(collector_module, "_FAMILIES", swapped(first, second))
+    for legacy in (False, True):
+        found = mismatches(legacy=legacy)
+        assert any(line.startswith((first, second)) for line in found), found
+
+
+def test_every_family_is_documented() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "metrics.md").read_text()
+    for family in collector_module._FAMILIES:
+        suffix = "_total" if family.counter else ""
+        assert f"`{family.name}{suffix}`" in doc, family.name
+        if family.legacy is not None:
+            assert f"`{family.legacy.name}`" in doc, family.legacy.name
