@@ -354,7 +354,7 @@ class _Family:
 
 def _memory_parts(device: DeviceView) -> tuple[str, ...]:
     """The legacy memory description's ``context, module, data, offset``; upstream subtracts
-    in uint64, so parts larger than the memory used wrap around."""
+    in uint64, so parts larger than ``memory_total`` wrap around."""
     context, module, buffer = device.context_size, device.module_size, device.buffer_size
     offset = (device.memory_total - context - module - buffer) & _MASK64
     return (str(context), str(module), str(buffer), str(offset))
@@ -513,19 +513,12 @@ def _only(table: Sequence[_Family], kind: _RowKind) -> _Family:
 
 
 class _Families:
-    """The families of one scrape, made from :data:`_FAMILIES`, empty, filled per container.
-
-    ``table`` replaces :data:`_FAMILIES` (tests).
-    """
+    """The families of one scrape, made from :data:`_FAMILIES`, empty, filled per container."""
 
     def __init__(
-        self,
-        legacy: bool,
-        labels: _LabelCache,
-        insight_labels: _InsightLabels | None = None,
-        table: Sequence[_Family] | None = None,
+        self, legacy: bool, labels: _LabelCache, insight_labels: _InsightLabels | None = None
     ) -> None:
-        table = _FAMILIES if table is None else table
+        table = _FAMILIES
         self._labels = labels
         self._insight_labels = _InsightLabels() if insight_labels is None else insight_labels
         self.legacy = legacy
@@ -537,7 +530,7 @@ class _Families:
             for f in table
             if f.legacy is not None
         }
-        kept, self._container_rows = _plan(tuple(table), legacy)
+        kept, self._container_rows = _plan(table, legacy)
         #: The families a container keeps lines of, in the order of ``_ContainerRows.blocks``.
         self._cached = tuple(new[f.name] if twin is None else old[f.name] for f, twin in kept)
         upstream = [f.name for f in table if f.upstream]
@@ -638,13 +631,15 @@ _ContainerRowsOf = Callable[
 _DEVICE_ROW: Final = "rows{i}.append((values, new, {value}))"
 _LEGACY_ROW: Final = "rows{i}.append((values, old, {value}))"
 _DESCRIBED_ROW: Final = "rows{i}.append(described{i}(ids, old, device, {value}))"
-_OWNER_ROWS: Final = "rows{i} = [(owner, rendered, {value})]"
-_INSIGHT_ROWS: Final = "rows{i} = [(owner, rendered, {value})]"
-_STATE_ROWS: Final = "rows{i} = list(zip(state_values, state_labels, state_counts({value})))"
-_INSIGHT_DEVICE_ROWS: Final = (
-    "per_device = {value}\n"
-    "rows{i} = [(d, r, per_device[x]) for d, r, x in insight_devices if x < len(per_device)]"
-)
+#: After the device loop, by row kind: ``owner``, ``rendered`` (its labels), the
+#: ``state_values`` and ``state_labels``, per exported device ``insight_devices``.
+_ROWS_OF_KIND: Final[Mapping[_RowKind, str]] = {
+    "owner": "rows{i} = [(owner, rendered, {value})]",
+    "insight": "rows{i} = [(owner, rendered, {value})]",
+    "states": "rows{i} = list(zip(state_values, state_labels, state_counts({value})))",
+    "insight-device": "per_device = {value}\n"
+    "rows{i} = [(d, r, per_device[x]) for d, r, x in insight_devices if x < len(per_device)]",
+}
 #: The source object of each kept row kind's values (``kernel`` and ``mig`` rows are not a
 #: container's kept rows).
 _SOURCE_OF: Final[Mapping[_RowKind, str]] = {
@@ -661,7 +656,8 @@ def _plan(table: tuple[_Family, ...], legacy: bool) -> tuple[tuple[_Kept, ...], 
     """The families a container keeps lines of (each family, then with ``legacy`` the
     legacy twins) and the function that makes their rows, written out from the table once
     (as :mod:`dataclasses` writes ``__init__``): a container has few devices and many
-    families, so a Python call or a ``zip`` per family would cost more than its rows."""
+    families, so a Python call or a ``zip`` per family would cost more than its rows.  The
+    code holds only the table's attribute names (checked) and this module's templates."""
     kept: list[_Kept] = [(f, None) for f in table if f.rows in _SOURCE_OF]
     if legacy:
         kept += [(f, f.legacy) for f in table if f.rows in _SOURCE_OF and f.legacy]
@@ -690,12 +686,7 @@ def _plan(table: tuple[_Family, ...], legacy: bool) -> tuple[tuple[_Kept, ...], 
             )
             per_device.append(template.format(i=i, value=value))
             continue
-        template = {
-            "owner": _OWNER_ROWS,
-            "states": _STATE_ROWS,
-            "insight": _INSIGHT_ROWS,
-            "insight-device": _INSIGHT_DEVICE_ROWS,
-        }[family.rows]
+        template = _ROWS_OF_KIND[family.rows]
         (per_owner if family.rows == "owner" else per_insight).append(
             template.format(i=i, value=value)
         )
