@@ -27,8 +27,10 @@ import platform
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from functools import partial
-from typing import Any, Final, Protocol
+from dataclasses import dataclass
+from functools import cache, partial
+from operator import attrgetter
+from typing import Any, Final, Literal, Protocol
 
 import trio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -256,10 +258,10 @@ class _LabelCache:
 
 
 _STATES: Final = ("running", "exited", "unknown")
-_StateLabels = tuple[
-    tuple[tuple[str, ...], str], tuple[tuple[str, ...], str], tuple[tuple[str, ...], str]
-]
-_OwnerLabels = tuple[str, _StateLabels]
+_STATE_COUNTS: Final = attrgetter(*_STATES)
+#: An owner rendered, and per ``state`` (running, exited, unknown) its label values and
+#: their rendering.
+_OwnerLabels = tuple[str, tuple[tuple[str, ...], ...], tuple[str, ...]]
 
 
 class _InsightLabels:
@@ -272,16 +274,17 @@ class _InsightLabels:
         self._devices: dict[tuple[str, ...], str] = {}
 
     def owner(self, owner: tuple[str, str, str]) -> _OwnerLabels:
-        """``(namespace, pod, container)`` rendered, and with each ``state`` (values and
-        rendering) for running, exited, unknown."""
+        """``(namespace, pod, container)`` rendered, and with each ``state`` of
+        :data:`_STATES`: the label values, the renderings."""
         labels = self._owners.get(owner)
         if labels is None:
             rendered = render_labels(_OWNER_LABELS, owner)
             base = rendered[:-1]
-            running, exited, unknown = (
-                ((*owner, state), f'{base},state="{state}"}}') for state in _STATES
+            labels = self._owners[owner] = (
+                rendered,
+                tuple([(*owner, state) for state in _STATES]),
+                tuple([f'{base},state="{state}"}}' for state in _STATES]),
             )
-            labels = self._owners[owner] = (rendered, (running, exited, unknown))
         return labels
 
     def device(self, ids: tuple[str, ...]) -> str:
@@ -297,179 +300,267 @@ class _InsightLabels:
             self._owners, self._devices = {}, {}
 
 
+# -- the container families, each declared once --------------------------------------------
+
+#: Where a family's rows come from; the row kind also fixes the label names.
+_RowKind = Literal["device", "kernel", "mig", "owner", "states", "insight", "insight-device"]
+
+#: Label names by row kind (``zone`` only on upstream's families).
+_KIND_LABELS: Final[Mapping[_RowKind, tuple[str, ...]]] = {
+    # One row per exported device; value: the device's ``field`` (the sums without exited
+    # slots when the monitor made them).
+    "device": (*_CONTAINER_LABELS, "zone"),
+    # Per exported device, ``now - last_kernel_time``: rendered again when the second changes.
+    "kernel": (*_CONTAINER_LABELS, "zone"),
+    # One row per realised MIG allocation of a pod (:meth:`VGpuCollector._collect_mig`).
+    "mig": (*_MIG_LABELS, "zone"),
+    # One row per container; value: the snapshot's ``field``.
+    "owner": _OWNER_LABELS,
+    # One row per ``state`` of a container with an insight; value: that state's count in the
+    # insight's ``field``.
+    "states": (*_OWNER_LABELS, "state"),
+    # One row per container with an insight; value: the insight's ``field``.
+    "insight": _OWNER_LABELS,
+    # Per exported device of a container with an insight, the insight's ``field[index]``
+    # where the sequence reaches that far.
+    "insight-device": _CONTAINER_LABELS,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Legacy:
+    """A family's twin under HAMi's legacy name and labels (``--legacy-metrics``): the same
+    values, labels ``podnamespace, podname, ctrname, vdeviceid, deviceuuid``, then ``extra``
+    (values from ``parts(device)``), then ``zone``."""
+
+    name: str
+    help: str
+    extra: tuple[str, ...] = ()
+    parts: Callable[[DeviceView], tuple[str, ...]] | None = None
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return (*_LEGACY_LABELS, *self.extra, "zone")
+
+
+@dataclass(frozen=True, slots=True)
+class _Family:
+    """One family of the collector, declared once in :data:`_FAMILIES`: its name, help text,
+    type, row kind (and so its labels), the field its value is read from, its legacy twin,
+    and whether it is one of HAMi vGPUmonitor's families (exposed first, their legacy twins
+    right after them)."""
+
+    name: str
+    help: str
+    rows: _RowKind
+    #: The attribute (dotted) of the row's source that is the value: of the device, snapshot
+    #: or insight (see :data:`_KIND_LABELS`); ``convert`` turns it into the value.
+    field: str = ""
+    convert: Callable[[Any], int] | None = None
+    counter: bool = False
+    upstream: bool = False
+    legacy: _Legacy | None = None
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return _KIND_LABELS[self.rows]
+
+
+def _memory_parts(device: DeviceView) -> tuple[str, ...]:
+    """The legacy memory description's ``context, module, data, offset``; upstream subtracts
+    in uint64, so parts larger than ``memory_total`` wrap around."""
+    context, module, buffer = device.context_size, device.module_size, device.buffer_size
+    offset = (device.memory_total - context - module - buffer) & _MASK64
+    return (str(context), str(module), str(buffer), str(offset))
+
+
+def _blocked(recent_kernel: int) -> int:
+    return 1 if recent_kernel < 0 else 0
+
+
+#: Every container family, in exposition order (upstream's, then their legacy twins, then
+#: hami-trio's own).  The process, limit and feedback-state families (``states``,
+#: ``insight``, ``insight-device``) need the monitor's insights.  docs/metrics.md lists each.
+_FAMILIES: Final[tuple[_Family, ...]] = (
+    _Family(
+        "hami_vgpu_memory_used_bytes",
+        "vGPU device memory usage in bytes",
+        "device",
+        "memory_total",
+        upstream=True,
+        legacy=_Legacy("vGPU_device_memory_usage_in_bytes", "vGPU device usage"),
+    ),
+    _Family(
+        "hami_vgpu_memory_limit_bytes",
+        "vGPU device memory limit in bytes",
+        "device",
+        "memory_limit",
+        upstream=True,
+        legacy=_Legacy("vGPU_device_memory_limit_in_bytes", "vGPU device limit"),
+    ),
+    _Family(
+        "hami_container_device_memory_bytes",
+        "Container device memory usage in bytes",
+        "device",
+        "memory_total",
+        upstream=True,
+        legacy=_Legacy(
+            "Device_memory_desc_of_container",
+            "Container device memory description",
+            ("context", "module", "data", "offset"),
+            _memory_parts,
+        ),
+    ),
+    _Family(
+        "hami_container_device_utilization_ratio",
+        "Container device SM utilization ratio",
+        "device",
+        "sm_util",
+        upstream=True,
+        legacy=_Legacy(
+            "Device_utilization_desc_of_container", "Container device utilization description"
+        ),
+    ),
+    _Family(
+        "hami_container_last_kernel_elapsed_seconds",
+        "Seconds since last kernel execution in container",
+        "kernel",
+        upstream=True,
+        legacy=_Legacy(
+            "Device_last_kernel_of_container", "Container device last kernel description"
+        ),
+    ),
+    _Family(
+        "hami_mig_device_info",
+        "MIG runtime identity for a container allocation",
+        "mig",
+        upstream=True,
+        legacy=_Legacy("MigInfo", "Mig device information for container", ("instanceid",)),
+    ),
+    _Family(
+        "hami_vgpu_memory_context_bytes",
+        "Container device memory context size in bytes",
+        "device",
+        "context_size",
+        upstream=True,
+    ),
+    _Family(
+        "hami_vgpu_memory_module_bytes",
+        "Container device memory module size in bytes",
+        "device",
+        "module_size",
+        upstream=True,
+    ),
+    _Family(
+        "hami_vgpu_memory_buffer_bytes",
+        "Container device memory buffer size in bytes",
+        "device",
+        "buffer_size",
+        upstream=True,
+    ),
+    _Family(
+        "hami_trio_container_blocked",
+        "1 while the monitor blocks the container's kernel launches (recent_kernel < 0)",
+        "owner",
+        "recent_kernel",
+        _blocked,
+    ),
+    _Family(
+        "hami_trio_container_processes",
+        "Live process slots of the container by state: running (host PID alive), exited "
+        "(host PID set, no such process; still in upstream's sums), unknown (host PID 0)",
+        "states",
+        "processes",
+    ),
+    _Family(
+        "hami_trio_container_device_processes",
+        "Live process slots of the container using this device (memory or SM use not 0)",
+        "insight-device",
+        "device_processes",
+    ),
+    _Family(
+        "hami_trio_container_core_limit_ratio",
+        "The container's SM limit on this device in percent (sm_limit; 0: no limit)",
+        "insight-device",
+        "core_limits",
+    ),
+    _Family(
+        "hami_trio_container_priority",
+        "The container's task priority (CUDA_TASK_PRIORITY; lower is more important)",
+        "insight",
+        "priority",
+    ),
+    _Family(
+        "hami_trio_container_utilization_switch",
+        "The utilization_switch word after the latest tick (1: SM limit enforced)",
+        "insight",
+        "utilization_switch",
+    ),
+    _Family(
+        "hami_trio_container_blocked_seconds",
+        "Seconds the monitor's priority blocking held the container (tick resolution)",
+        "insight",
+        "block.seconds",
+        counter=True,
+    ),
+    _Family(
+        "hami_trio_container_blocks",
+        "Times the monitor's priority blocking started holding the container",
+        "insight",
+        "block.blocks",
+        counter=True,
+    ),
+)
+
+_Fast = FastGauge | FastCounter
+#: A family whose rows a container keeps, with its legacy twin when it is the twin's rows.
+_Kept = tuple[_Family, _Legacy | None]
+
+
+def _fast(name: str, help_text: str, labels: Sequence[str], counter: bool) -> _Fast:
+    return (FastCounter if counter else FastGauge)(name, help_text, labels)
+
+
+def _only(table: Sequence[_Family], kind: _RowKind) -> _Family:
+    (family,) = [family for family in table if family.rows == kind]
+    return family
+
+
 class _Families:
-    """The families of one scrape, created empty and filled per container."""
+    """The families of one scrape, made from :data:`_FAMILIES`, empty, filled per container."""
 
     def __init__(
         self, legacy: bool, labels: _LabelCache, insight_labels: _InsightLabels | None = None
     ) -> None:
+        table = _FAMILIES
         self._labels = labels
         self._insight_labels = _InsightLabels() if insight_labels is None else insight_labels
-        self.devices = 0
-        new = (*_CONTAINER_LABELS, "zone")
-
-        def gauge(name: str, help_text: str, names: Sequence[str] = new) -> FastGauge:
-            return FastGauge(name, help_text, names)
-
-        self.used = gauge("hami_vgpu_memory_used_bytes", "vGPU device memory usage in bytes")
-        self.limit = gauge("hami_vgpu_memory_limit_bytes", "vGPU device memory limit in bytes")
-        self.memory = gauge(
-            "hami_container_device_memory_bytes", "Container device memory usage in bytes"
-        )
-        self.util = gauge(
-            "hami_container_device_utilization_ratio", "Container device SM utilization ratio"
-        )
-        self.last_kernel = gauge(
-            "hami_container_last_kernel_elapsed_seconds",
-            "Seconds since last kernel execution in container",
-        )
-        self.mig = gauge(
-            "hami_mig_device_info",
-            "MIG runtime identity for a container allocation",
-            (*_MIG_LABELS, "zone"),
-        )
-        self.context = gauge(
-            "hami_vgpu_memory_context_bytes", "Container device memory context size in bytes"
-        )
-        self.module = gauge(
-            "hami_vgpu_memory_module_bytes", "Container device memory module size in bytes"
-        )
-        self.buffer = gauge(
-            "hami_vgpu_memory_buffer_bytes", "Container device memory buffer size in bytes"
-        )
-        self.blocked = gauge(
-            "hami_trio_container_blocked",
-            "1 while the monitor blocks the container's kernel launches (recent_kernel < 0)",
-            ("namespace", "pod", "container"),
-        )
-        self._insight_families()
         self.legacy = legacy
-        old = (*_LEGACY_LABELS, "zone")
-        self.legacy_used = gauge("vGPU_device_memory_usage_in_bytes", "vGPU device usage", old)
-        self.legacy_limit = gauge("vGPU_device_memory_limit_in_bytes", "vGPU device limit", old)
-        self.legacy_memory = gauge(
-            "Device_memory_desc_of_container",
-            "Container device memory description",
-            (*_LEGACY_LABELS, "context", "module", "data", "offset", "zone"),
-        )
-        self.legacy_util = gauge(
-            "Device_utilization_desc_of_container", "Container device utilization description", old
-        )
-        self.legacy_last_kernel = gauge(
-            "Device_last_kernel_of_container", "Container device last kernel description", old
-        )
-        self.legacy_mig = gauge(
-            "MigInfo",
-            "Mig device information for container",
-            (*_LEGACY_LABELS, "instanceid", "zone"),
-        )
-        # The families a container's kept lines go to, in _ContainerRows.blocks' order.
-        self._cached: tuple[FastGauge | FastCounter, ...] = (
-            self.used,
-            self.limit,
-            self.memory,
-            self.util,
-            self.context,
-            self.module,
-            self.buffer,
-            self.blocked,
-            self.processes,
-            self.device_processes,
-            self.core_limit,
-            self.priority,
-            self.utilization_switch,
-            self.blocked_seconds,
-            self.blocks,
-        )
-        if legacy:
-            self._cached += (
-                self.legacy_used,
-                self.legacy_limit,
-                self.legacy_util,
-                self.legacy_memory,
-            )
-
-    def every(self) -> list[FastGauge | FastCounter]:
-        """Every family of the scrape, legacy ones included."""
-        return [
-            value for value in vars(self).values() if isinstance(value, FastGauge | FastCounter)
+        self.devices = 0
+        new = {f.name: _fast(f.name, f.help, f.labels, f.counter) for f in table}
+        # Legacy twins exist without --legacy-metrics too (empty, never exposed).
+        old = {
+            f.name: _fast(f.legacy.name, f.legacy.help, f.legacy.labels, f.counter)
+            for f in table
+            if f.legacy is not None
+        }
+        kept, self._container_rows = _plan(table, legacy)
+        #: The families a container keeps lines of, in the order of ``_ContainerRows.blocks``.
+        self._cached = tuple(new[f.name] if twin is None else old[f.name] for f, twin in kept)
+        upstream = [f.name for f in table if f.upstream]
+        self._exposed = [
+            *(new[name] for name in upstream),
+            *(old[name] for name in upstream if legacy and name in old),
+            *(new[f.name] for f in table if not f.upstream),
+            *(old[f.name] for f in table if legacy and not f.upstream and f.name in old),
         ]
+        kernel, mig = _only(table, "kernel").name, _only(table, "mig").name
+        self.last_kernel, self.legacy_last_kernel = new[kernel], old[kernel]
+        self.mig, self.legacy_mig = new[mig], old[mig]
 
-    def upstream(self) -> list[FastGauge]:
-        families = [
-            self.used,
-            self.limit,
-            self.memory,
-            self.util,
-            self.last_kernel,
-            self.mig,
-            self.context,
-            self.module,
-            self.buffer,
-        ]
-        if self.legacy:
-            families += [
-                self.legacy_used,
-                self.legacy_limit,
-                self.legacy_memory,
-                self.legacy_util,
-                self.legacy_last_kernel,
-                self.legacy_mig,
-            ]
-        return families
-
-    # -- the monitor's insight per container (processes, limits, feedback state) ---------
-
-    def _insight_families(self) -> None:
-        owner, device = _OWNER_LABELS, _CONTAINER_LABELS
-        self.processes = FastGauge(
-            "hami_trio_container_processes",
-            "Live process slots of the container by state: running (host PID alive), exited "
-            "(host PID set, no such process; still in upstream's sums), unknown (host PID 0)",
-            (*owner, "state"),
-        )
-        self.device_processes = FastGauge(
-            "hami_trio_container_device_processes",
-            "Live process slots of the container using this device (memory or SM use not 0)",
-            device,
-        )
-        self.core_limit = FastGauge(
-            "hami_trio_container_core_limit_ratio",
-            "The container's SM limit on this device in percent (sm_limit; 0: no limit)",
-            device,
-        )
-        self.priority = FastGauge(
-            "hami_trio_container_priority",
-            "The container's task priority (CUDA_TASK_PRIORITY; lower is more important)",
-            owner,
-        )
-        self.utilization_switch = FastGauge(
-            "hami_trio_container_utilization_switch",
-            "The utilization_switch word after the latest tick (1: SM limit enforced)",
-            owner,
-        )
-        self.blocked_seconds = FastCounter(
-            "hami_trio_container_blocked_seconds",
-            "Seconds the monitor's priority blocking held the container (tick resolution)",
-            owner,
-        )
-        self.blocks = FastCounter(
-            "hami_trio_container_blocks",
-            "Times the monitor's priority blocking started holding the container",
-            owner,
-        )
-
-    def insight_families(self) -> list[FastGauge | FastCounter]:
-        """The families filled by :meth:`render` from the monitor's insights."""
-        return [
-            self.processes,
-            self.device_processes,
-            self.core_limit,
-            self.priority,
-            self.utilization_switch,
-            self.blocked_seconds,
-            self.blocks,
-        ]
+    def exposed(self) -> list[_Fast]:
+        """Every family this scrape exposes (legacy twins with ``legacy``), in order."""
+        return list(self._exposed)
 
     def render(
         self,
@@ -480,7 +571,9 @@ class _Families:
         """Every row of one container, rendered (raises on data that cannot be exported:
         nothing of the container is in the families then).  Only the text is kept: the rows
         are built again from the same objects when something reads a family's samples."""
-        rows, kernel = self._container_rows(owner, snapshot, insight)
+        rows, kernel = self._container_rows(
+            self._labels, self._insight_labels, owner, snapshot, insight
+        )
         return _ContainerRows(
             snapshot,
             insight,
@@ -495,16 +588,6 @@ class _Families:
             _int64(snapshot.last_kernel_time),
         )
 
-    def _container_rows(
-        self,
-        owner: tuple[str, str, str],
-        snapshot: SnapshotView,
-        insight: InsightView | None,
-    ) -> tuple[list[Sequence[_AnyRow]], tuple[_KernelLabels, ...]]:
-        return _container_rows(
-            self._labels, self._insight_labels, self.legacy, owner, snapshot, insight
-        )
-
     def attach(self, containers: Sequence[_ContainerRows], now: int) -> None:
         """Fill the families with the containers' rows (rendered by :meth:`render`, in this
         scrape or an earlier one), in this order; ``now`` for ``last_kernel_elapsed``."""
@@ -515,7 +598,12 @@ class _Families:
             # Not a bound method: the families must not refer back to this object, or every
             # scrape's families (and the rows they hold) wait for a cyclic collection.
             family.block_rows = partial(
-                _block_rows, self._labels, self._insight_labels, self.legacy, containers, index
+                _block_rows,
+                self._container_rows,
+                self._labels,
+                self._insight_labels,
+                containers,
+                index,
             )
         kernel, legacy_kernel = [], []
         for container in containers:
@@ -544,133 +632,143 @@ _Row = tuple[tuple[str, ...], str, int]
 _AnyRow = tuple[tuple[str, ...], str, Any]
 #: Label values, new-style rendering, legacy rendering.
 _KernelLabels = tuple[tuple[str, ...], str, str]
+#: One container's rows per kept family, and per exported device the labels of
+#: ``last_kernel_elapsed``: ``(label cache, insight labels, owner, snapshot, insight)``.
+_ContainerRowsOf = Callable[
+    [_LabelCache, "_InsightLabels", tuple[str, str, str], SnapshotView, InsightView | None],
+    tuple[list[list[_AnyRow]], tuple[_KernelLabels, ...]],
+]
+
+# How each row kind's rows are written in the function :func:`_plan` makes: per family, the
+# line(s) that fill ``rows{i}`` from ``{value}`` (its field of the row's source).  In the
+# device loop: ``ids``, ``values`` (with zone), ``new`` and ``old`` (the renderings).
+_DEVICE_ROW: Final = "rows{i}.append((values, new, {value}))"
+_LEGACY_ROW: Final = "rows{i}.append((values, old, {value}))"
+_DESCRIBED_ROW: Final = "rows{i}.append(described{i}(ids, old, device, {value}))"
+#: After the device loop, by row kind: ``owner``, ``rendered`` (its labels), the
+#: ``state_values`` and ``state_labels``, per exported device ``insight_devices``.
+_ROWS_OF_KIND: Final[Mapping[_RowKind, str]] = {
+    "owner": "rows{i} = [(owner, rendered, {value})]",
+    "insight": "rows{i} = [(owner, rendered, {value})]",
+    "states": "rows{i} = list(zip(state_values, state_labels, state_counts({value})))",
+    "insight-device": "per_device = {value}\n"
+    "rows{i} = [(d, r, per_device[x]) for d, r, x in insight_devices if x < len(per_device)]",
+}
+#: The source object of each kept row kind's values (``kernel`` and ``mig`` rows are not a
+#: container's kept rows).
+_SOURCE_OF: Final[Mapping[_RowKind, str]] = {
+    "device": "device",
+    "owner": "snapshot",
+    "states": "insight",
+    "insight": "insight",
+    "insight-device": "insight",
+}
 
 
-def _container_rows(
-    label_cache: _LabelCache,
-    insight_labels: _InsightLabels,
-    legacy: bool,
-    owner: tuple[str, str, str],
-    snapshot: SnapshotView,
-    insight: InsightView | None,
-) -> tuple[list[Sequence[_AnyRow]], tuple[_KernelLabels, ...]]:
-    """One container's rows per family of ``_cached``, and per exported device the labels
-    of ``last_kernel_elapsed`` (whose value depends on the time of the scrape)."""
-    labels = label_cache.get
-    rendered_owner, states = insight_labels.owner(owner)
-    used: list[_Row] = []
-    limit: list[_Row] = []
-    memory: list[_Row] = []
-    util: list[_Row] = []
-    context: list[_Row] = []
-    module: list[_Row] = []
-    buffer: list[_Row] = []
-    legacy_used: list[_Row] = []
-    legacy_limit: list[_Row] = []
-    legacy_util: list[_Row] = []
-    legacy_memory: list[_Row] = []
-    kernel: list[_KernelLabels] = []
-    exported: list[tuple[tuple[str, ...], int]] = []
-    for device in _summed_devices(snapshot, insight):
-        uuid = device.uuid.label
-        if uuid is None:
-            continue
-        ids = (*owner, str(device.index), uuid)
-        rendered, rendered_old = labels(ids)
-        values = (*ids, ZONE)
-        total = device.memory_total
-        used.append((values, rendered, total))
-        limit.append((values, rendered, device.memory_limit))
-        memory.append((values, rendered, total))
-        util.append((values, rendered, device.sm_util))
-        context.append((values, rendered, device.context_size))
-        module.append((values, rendered, device.module_size))
-        buffer.append((values, rendered, device.buffer_size))
-        kernel.append((values, rendered, rendered_old))
-        exported.append((ids, device.index))
-        if not legacy:
-            continue
-        legacy_used.append((values, rendered_old, total))
-        legacy_limit.append((values, rendered_old, device.memory_limit))
-        legacy_util.append((values, rendered_old, device.sm_util))
-        # Upstream subtracts in uint64: parts larger than the total wrap around.
-        parts = (
-            str(device.context_size),
-            str(device.module_size),
-            str(device.buffer_size),
-            str((total - device.context_size - device.module_size - device.buffer_size) & _MASK64),
-        )
-        memory_rendered = (
-            rendered_old[: -len(_ZONE_SUFFIX)]
-            + ',context="{}",module="{}",data="{}",offset="{}"'.format(*parts)
-            + _ZONE_SUFFIX
-        )
-        legacy_memory.append(((*ids, *parts, ZONE), memory_rendered, total))
-    blocked: list[_Row] = [(owner, rendered_owner, 1 if snapshot.recent_kernel < 0 else 0)]
-    processes: list[_Row] = []
-    device_processes: list[_Row] = []
-    core_limit: list[_Row] = []
-    priority: list[_Row] = []
-    switch: list[_Row] = []
-    seconds: list[tuple[tuple[str, ...], str, float]] = []
-    blocks: list[tuple[tuple[str, ...], str, float]] = []
-    if insight is not None:
-        (run_ids, run), (exit_ids, exit_), (unk_ids, unk) = states
-        counts = insight.processes
-        processes += [
-            (run_ids, run, counts.running),
-            (exit_ids, exit_, counts.exited),
-            (unk_ids, unk, counts.unknown),
-        ]
-        priority.append((owner, rendered_owner, insight.priority))
-        switch.append((owner, rendered_owner, insight.utilization_switch))
-        block = insight.block
-        seconds.append((owner, rendered_owner, block.seconds))
-        blocks.append((owner, rendered_owner, block.blocks))
-        if exported:
-            limits, users = insight.core_limits, insight.device_processes
-            device_labels = insight_labels.device
-            for device_ids, index in exported:
-                rendered = device_labels(device_ids)
-                if index < len(users):
-                    device_processes.append((device_ids, rendered, users[index]))
-                if index < len(limits):
-                    core_limit.append((device_ids, rendered, limits[index]))
-    rows: list[Sequence[_AnyRow]] = [
-        used,
-        limit,
-        memory,
-        util,
-        context,
-        module,
-        buffer,
-        blocked,
-        processes,
-        device_processes,
-        core_limit,
-        priority,
-        switch,
-        seconds,
-        blocks,
-    ]
+@cache
+def _plan(table: tuple[_Family, ...], legacy: bool) -> tuple[tuple[_Kept, ...], _ContainerRowsOf]:
+    """The families a container keeps lines of (each family, then with ``legacy`` the
+    legacy twins) and the function that makes their rows, written out from the table once
+    (as :mod:`dataclasses` writes ``__init__``): a container has few devices and many
+    families, so a Python call or a ``zip`` per family would cost more than its rows.  The
+    code holds only the table's attribute names (checked) and this module's templates."""
+    kept: list[_Kept] = [(f, None) for f in table if f.rows in _SOURCE_OF]
     if legacy:
-        rows += [legacy_used, legacy_limit, legacy_util, legacy_memory]
-    return rows, tuple(kernel)
+        kept += [(f, f.legacy) for f in table if f.rows in _SOURCE_OF and f.legacy]
+    namespace: dict[str, Any] = {
+        "ZONE": ZONE,
+        "summed_devices": _summed_devices,
+        "state_counts": _STATE_COUNTS,
+    }
+    per_device: list[str] = []
+    per_owner: list[str] = []
+    per_insight: list[str] = []
+    for i, (family, twin) in enumerate(kept):
+        value = f"{_SOURCE_OF[family.rows]}.{_attribute(family.field)}"
+        if family.convert is not None:
+            namespace[f"convert{i}"] = family.convert
+            value = f"convert{i}({value})"
+        if family.rows == "device":
+            if twin is not None and twin.parts is not None:
+                namespace[f"described{i}"] = partial(_described, twin)
+            template = (
+                _DEVICE_ROW
+                if twin is None
+                else _LEGACY_ROW
+                if twin.parts is None
+                else _DESCRIBED_ROW
+            )
+            per_device.append(template.format(i=i, value=value))
+            continue
+        template = _ROWS_OF_KIND[family.rows]
+        (per_owner if family.rows == "owner" else per_insight).append(
+            template.format(i=i, value=value)
+        )
+    device_lists = [f"rows{i} = []" for i, (f, _) in enumerate(kept) if f.rows == "device"]
+    no_insight = [
+        f"rows{i} = []" for i, (f, _) in enumerate(kept) if _SOURCE_OF[f.rows] == "insight"
+    ]
+    lines = [
+        "def rows(label_cache, insight_labels, owner, snapshot, insight):",
+        "    labels = label_cache.get",
+        "    rendered, state_values, state_labels = insight_labels.owner(owner)",
+        *(f"    {line}" for line in device_lists),
+        "    kernel = []",
+        "    exported = []",
+        "    for device in summed_devices(snapshot, insight):",
+        "        uuid = device.uuid.label",
+        "        if uuid is None:",
+        "            continue",
+        "        ids = (*owner, str(device.index), uuid)",
+        "        new, old = labels(ids)",
+        "        values = (*ids, ZONE)",
+        *(f"        {line}" for line in per_device),
+        "        kernel.append((values, new, old))",
+        "        exported.append((ids, device.index))",
+        *(f"    {line}" for line in per_owner),
+        "    if insight is None:",
+        *(f"        {line}" for line in no_insight),
+        "        pass",
+        "    else:",
+        "        device_labels = insight_labels.device",
+        "        insight_devices = [(d, device_labels(d), x) for d, x in exported]",
+        *(f"        {part}" for line in per_insight for part in line.split("\n")),
+        f"    return [{', '.join(f'rows{i}' for i in range(len(kept)))}], tuple(kernel)",
+    ]
+    exec("\n".join(lines), namespace)
+    made: _ContainerRowsOf = namespace.pop("rows")  # its globals must not refer back to it
+    return tuple(kept), made
+
+
+def _attribute(field: str) -> str:
+    """``field`` checked to be a (dotted) attribute name, for the code of :func:`_plan`."""
+    if not field or not all(part.isidentifier() for part in field.split(".")):
+        raise ValueError(f"not an attribute name: {field!r}")
+    return field
+
+
+def _described(
+    twin: _Legacy, ids: tuple[str, ...], old: str, device: DeviceView, value: int
+) -> _AnyRow:
+    """A legacy twin's row with label values of its own (``parts``) before ``zone``."""
+    assert twin.parts is not None
+    parts = twin.parts(device)
+    extra = "".join([f',{name}="{part}"' for name, part in zip(twin.extra, parts, strict=True)])
+    return ((*ids, *parts, ZONE), old[: -len(_ZONE_SUFFIX)] + extra + _ZONE_SUFFIX, value)
 
 
 def _block_rows(
+    container_rows: _ContainerRowsOf,
     label_cache: _LabelCache,
     insight_labels: _InsightLabels,
-    legacy: bool,
     containers: Sequence[_ContainerRows],
     index: int,
 ) -> Iterator[_AnyRow]:
-    """The rows of family ``_cached[index]`` (built again: only samples need them)."""
+    """The rows of kept family ``index`` (built again: only samples need them)."""
     for container in containers:
-        rows, _ = _container_rows(
+        rows, _ = container_rows(
             label_cache,
             insight_labels,
-            legacy,
             container.owner,
             container.snapshot,
             container.insight,
@@ -798,14 +896,7 @@ class VGpuCollector(Collector):
         """The families this collector can export (lets the registry reject duplicates)."""
         families = _Families(self._legacy, _LabelCache())
         host = host_gpu_families((), "", legacy=self._legacy, const_labels=[("zone", ZONE)])
-        return [
-            *host,
-            *families.upstream(),
-            families.blocked,
-            *families.insight_families(),
-            self._error_family(),
-            self._state_family(),
-        ]
+        return [*host, *families.exposed(), self._error_family(), self._state_family()]
 
     def collect(self) -> list[Metric]:
         """Build every family from the latest snapshots (called by the registry per scrape)."""
@@ -815,15 +906,10 @@ class VGpuCollector(Collector):
         self._insight_labels.trim(families.devices)
         self._collect_mig(families)
         host = self._collect_host()
-        fast = [
-            family
-            for family in (*families.upstream(), families.blocked, *families.insight_families())
-            if family
-        ]
         # Like Go's registry, a family without samples is not exposed at all.
         return [
             *(family for family in host if family.samples),
-            *fast,
+            *(family for family in families.exposed() if family),
             self._error_family(),
             self._state_family(),
         ]
