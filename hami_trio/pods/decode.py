@@ -417,6 +417,8 @@ class ListPage:
 _WHITESPACE: Final = re.compile(r"[ \t\n\r]*")
 _SCANNER: Final = json.JSONDecoder()
 _CONTAINERS: Final = frozenset('{["')
+# What may still follow a number that a chunk cut short ("-0" of "-0.5", "1" of "1e3").
+_NUMBER_TAIL: Final = re.compile(r"[0-9.eE+-]*")
 # States of PodListDecoder.
 _START, _KEY_OR_END, _KEY, _COLON, _VALUE, _MEMBER_END = range(6)
 _ITEMS, _ITEM_OR_END, _ITEM, _ITEM_END, _DONE = range(6, 11)
@@ -509,7 +511,7 @@ class PodListDecoder:
             return None, False
         except RecursionError as exc:
             raise WatchDecodeError("pod list is not JSON: nested too deeply") from exc
-        if end == len(buffer) and not eof and buffer[pos] not in _CONTAINERS:
+        if not eof and buffer[pos] not in _CONTAINERS and _NUMBER_TAIL.fullmatch(buffer, end):
             return None, False  # a number or literal may go on in the next chunk
         self._wait = 0
         self._pos = end
