@@ -384,6 +384,6 @@ def read_totals_without(
             RejectReason.TRUNCATED, f"{handle.display} changed size since it was read"
         )
     slots = clamp_proc_num(snapshot.proc_num)
-    head = handle._pread(layout.body_size(slots), 0)
+    head = handle._pread(layout.body_size(slots), 0)  # noqa: SLF001
     static = parse_static(layout, head)
     return sum_rows_without(slot_rows(layout, head, slots, static.device_count), static, host_pids)

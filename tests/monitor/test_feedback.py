@@ -213,6 +213,20 @@ def test_nothing_written_when_nothing_changes() -> None:
 # -- properties ----------------------------------------------------------------------------
 
 
+def _check_blocking(ut: Mapping[bytes, list[int]], p: int, keys: Sequence[bytes]) -> bool:
+    return any(u in ut and any(ut[u][i] > 0 for i in range(min(p, len(ut[u])))) for u in keys)
+
+
+def _check_priority(ut: Mapping[bytes, list[int]], p: int, keys: Sequence[bytes]) -> bool:
+    for u in keys:
+        if u in ut:
+            if any(ut[u][i] > 0 for i in range(min(p, len(ut[u])))):
+                return True
+            if 0 <= p < len(ut[u]) and ut[u][p] > 1:
+                return True
+    return False
+
+
 def upstream_reference(containers: Mapping[str, Observed]) -> dict[str, tuple[int, int]]:
     """A literal port of HAMi's Observe (growing lists), for small priorities only."""
     ut: dict[bytes, list[int]] = {}
@@ -230,25 +244,13 @@ def upstream_reference(containers: Mapping[str, Observed]) -> dict[str, tuple[in
                         lst.append(0)
                     lst[c.priority] += 1
 
-    def check_blocking(p: int, keys: Sequence[bytes]) -> bool:
-        return any(u in ut and any(ut[u][i] > 0 for i in range(min(p, len(ut[u])))) for u in keys)
-
-    def check_priority(p: int, keys: Sequence[bytes]) -> bool:
-        for u in keys:
-            if u in ut:
-                if any(ut[u][i] > 0 for i in range(min(p, len(ut[u])))):
-                    return True
-                if 0 <= p < len(ut[u]) and ut[u][p] > 1:
-                    return True
-        return False
-
     for k, c in containers.items():
-        if check_blocking(c.priority, c.device_keys):
+        if _check_blocking(ut, c.priority, c.device_keys):
             if rk[k] >= 0:
                 rk[k] = -1
         elif rk[k] < 0:
             rk[k] = 0
-        sw[k] = 1 if check_priority(c.priority, c.device_keys) else 0
+        sw[k] = 1 if _check_priority(ut, c.priority, c.device_keys) else 0
     return {k: (rk[k], sw[k]) for k in containers}
 
 
