@@ -37,6 +37,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 import trio
@@ -252,7 +253,9 @@ def _populate(
             name,
             namespace="team-good",
             labels=node,
-            annotations={"hami.io/vgpu-mig-allocations": mig(spec.uuids[0])},
+            annotations={
+                "hami.io/vgpu-mig-allocations": mig(cast(str, spec.uuids[0]))
+            },  # text UUIDs
         )
         good[name] = uid
         (root / f"{uid}_main").mkdir()

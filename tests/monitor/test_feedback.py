@@ -10,7 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hami_trio.monitor.feedback import Activity, Grant, Observed, Write, observe, scoped, strays
+from hami_trio.monitor.feedback import (
+    Activity,
+    Grant,
+    Observable,
+    Observed,
+    Write,
+    observe,
+    scoped,
+    strays,
+)
 from hami_trio.monitor.layout import ControlField
 from hami_trio.monitor.snapshot import parse_region
 from hami_trio.testing.regions import RegionSpec, build_region
@@ -41,8 +50,10 @@ def final(containers: Mapping[str, Observed], writes: Sequence[Write[str]]) -> d
     """The node after the writes were applied."""
     out = dict(containers)
     for write in writes:
-        name = "recent_kernel" if write.field is RK else "utilization_switch"
-        out[write.key] = dataclasses.replace(out[write.key], **{name: write.value})
+        if write.field is RK:
+            out[write.key] = dataclasses.replace(out[write.key], recent_kernel=write.value)
+        else:
+            out[write.key] = dataclasses.replace(out[write.key], utilization_switch=write.value)
     return out
 
 
@@ -318,7 +329,7 @@ def test_writes_only_changes_and_at_most_two_per_container(
     assert len(writes) == len({(w.key, w.field) for w in writes})
 
 
-def counting_reference(containers: Mapping[str, Observed]) -> tuple[Write[str], ...]:
+def counting_reference(containers: Mapping[str, Observable]) -> tuple[Write[str], ...]:
     """Observe written the straightforward way: a count per (UUID, priority), then
     CheckBlocking / CheckPriority over every UUID of every container (the shape ``observe``
     had before it kept only the most important priority per UUID)."""
