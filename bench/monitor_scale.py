@@ -523,7 +523,9 @@ def _median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1e3
 
 
-async def breakdown(monitor: object, change: Callable[[int], None], rounds: int) -> Figures:
+async def breakdown(  # noqa: C901 - one measurement, step after step
+    monitor: object, change: Callable[[int], None], rounds: int
+) -> Figures:
     """Where a tick's time goes (see the module docstring): each step alone, over every
     container, with the same calls the lister makes; then the real update, Observe, apply."""
     import trio

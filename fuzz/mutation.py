@@ -371,7 +371,7 @@ def _plain(check: Callable[[bytes], None]) -> Iterator[Callable[[bytes], None]]:
     yield check
 
 
-def run_mutator(
+def run_mutator(  # noqa: C901 - like run_property; not split yet
     target: str,
     mutator: Mutator,
     *,

@@ -247,7 +247,9 @@ def test_imports_run_downward_and_features_meet_only_at_the_seams() -> None:
 
 def test_every_seam_is_still_used() -> None:
     imports = import_map()
-    unused = [pair for pair in SEAMS if pair[1] not in imports.get(pair[0], [])]
+    unused: list[tuple[str, str] | str] = [
+        pair for pair in SEAMS if pair[1] not in imports.get(pair[0], [])
+    ]
     unused += [name for name in DEMO_EXTRA if not any(name in imports[m] for m in imports)]
     assert unused == []
 

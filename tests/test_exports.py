@@ -85,26 +85,30 @@ def export_problems(module: types.ModuleType, source: str) -> list[str]:
     if len(set(static_all)) != len(static_all):
         problems.append("__all__ has duplicates")
     for name in static_all:
-        if name not in bound:
-            problems.append(f"{name} is exported but no import statement binds it")
-            continue
-        if not hasattr(module, name):
-            problems.append(f"{name} is exported but missing at run time")
-            continue
-        home = bound[name]
-        parts = home.split(".")
-        if len(parts) > 1 and parts[1] not in PUBLIC_ROOMS and home != "hami_trio._version":
-            problems.append(f"{name} comes from {home}, not a public room")
-        home_module = importlib.import_module(home)
-        if name != "__version__" and name not in getattr(home_module, "__all__", ()):
-            problems.append(f"{name} is not in {home}.__all__ (re-exporting a private name)")
-        if getattr(module, name) is not getattr(home_module, name, None):
-            problems.append(f"{name} is not the object {home} defines")
+        problems += _name_problems(module, name, bound.get(name))
     for name, value in vars(module).items():
         if name.startswith("_") or inspect.ismodule(value) or name in _NOT_API:
             continue
         if name not in static_all:
             problems.append(f"{name} is public in the namespace but not exported")
+    return problems
+
+
+def _name_problems(module: types.ModuleType, name: str, home: str | None) -> list[str]:
+    """What is wrong with one exported ``name`` that an import from ``home`` binds."""
+    if home is None:
+        return [f"{name} is exported but no import statement binds it"]
+    if not hasattr(module, name):
+        return [f"{name} is exported but missing at run time"]
+    problems: list[str] = []
+    parts = home.split(".")
+    if len(parts) > 1 and parts[1] not in PUBLIC_ROOMS and home != "hami_trio._version":
+        problems.append(f"{name} comes from {home}, not a public room")
+    home_module = importlib.import_module(home)
+    if name != "__version__" and name not in getattr(home_module, "__all__", ()):
+        problems.append(f"{name} is not in {home}.__all__ (re-exporting a private name)")
+    if getattr(module, name) is not getattr(home_module, name, None):
+        problems.append(f"{name} is not the object {home} defines")
     return problems
 
 

@@ -221,7 +221,7 @@ def test_format_characters_are_escaped_in_both_formats() -> None:
     name = "a\u202eb\u2066c\u200b\ufeff\U000e0041.cache"  # the last one past U+FFFF
     for fmt in ("text", "json"):
         stream, raw = _strict_stream()
-        configure_logging(fmt, "info", stream)  # type: ignore[arg-type]
+        configure_logging(fmt, "info", stream)
         logging.getLogger("hami_trio.test").warning("cannot open %s", name)
         stream.flush()
         (line,) = raw.getvalue().decode("utf-8").splitlines()
@@ -238,7 +238,7 @@ def test_any_message_is_one_line_in_both_formats(message: str, arg: str) -> None
     # Tenant strings reach a record as arguments (call sites never format them into ``msg``).
     for fmt in ("text", "json"):
         stream, raw = _strict_stream()
-        configure_logging(fmt, "info", stream)  # type: ignore[arg-type]
+        configure_logging(fmt, "info", stream)
         logging.getLogger("hami_trio.test").warning("%s %s", message, arg)
         stream.flush()
         output = raw.getvalue().decode("utf-8")

@@ -79,7 +79,7 @@ class _Status:
 
 def test_start_recorder_remembers_and_passes_the_value_on() -> None:
     inner = _Status()
-    recorder = StartRecorder(inner)  # type: ignore[arg-type]
+    recorder = StartRecorder(inner)
     assert not recorder.done
     recorder.started(42)
     assert recorder.done

@@ -206,8 +206,10 @@ class _Server:
         self.config = config
         self.bound = bound
         self.listener = bound.listener
-        # socket.socket.accept() is _accept() plus the wrapper above; call the primitive.
-        self.accept_fd: Callable[[], tuple[int, object]] = bound.listener._accept  # type: ignore[attr-defined]
+        # socket.socket.accept() is _accept() plus the wrapper above; call the primitive.  The
+        # one private name the package keeps: the public accept() adds about 5 us a connection
+        # (a Python-level socket object) to an exchange of about 15 us of CPU.
+        self.accept_fd: Callable[[], tuple[int, object]] = bound.listener._accept  # type: ignore[attr-defined]  # noqa: SLF001
         self.stats = stats
         self.limiter = trio.CapacityLimiter(config.max_exchanges)
         self.deadline = config.exchange_deadline

@@ -17,13 +17,14 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from hami_trio.errors import AgentError, ConfigError, HamiTrioError
 
 __all__ = [
     "PATH_METAVARS",
     "Failure",
+    "Parser",
     "describe",
     "flagged",
     "path_actions",
@@ -42,9 +43,28 @@ class Failure:
     line: str
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument parser that keeps what it was given where the error handling can read it
+    (argparse keeps it only in private attributes): every :meth:`add_argument` action, and
+    the subcommands' parsers once the top level sets :attr:`commands`.  A subcommand's
+    parser takes its parent's class, so every parser of the command line is one."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.arguments: list[argparse.Action] = []  # before argparse adds -h
+        self.commands: Mapping[str, argparse.ArgumentParser] = {}
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.arguments.append(action)
+        return action
+
+
 def path_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    """The path-taking options and positionals of one (sub)command's parser."""
-    return [a for a in parser._actions if a.metavar in PATH_METAVARS]
+    """The path-taking options and positionals of one (sub)command's :class:`Parser`."""
+    if not isinstance(parser, Parser):
+        raise TypeError(f"{parser.prog}: not a hami_trio.cli.failure.Parser")
+    return [a for a in parser.arguments if a.metavar in PATH_METAVARS]
 
 
 def _label(action: argparse.Action) -> str:

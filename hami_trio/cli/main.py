@@ -18,10 +18,10 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Final, Protocol, cast
+from typing import Any, Final, Protocol, cast
 
 from hami_trio._version import __version__
-from hami_trio.cli.failure import describe, path_values
+from hami_trio.cli.failure import Parser, describe, path_values
 
 __all__ = ["COMMANDS", "IMAGE_INFO", "build_parser", "image_lines", "main"]
 
@@ -56,7 +56,9 @@ COMMANDS: Final[Mapping[str, str]] = {
 
 
 class _Registrar(Protocol):
-    def register(self, subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    # Any: the parsers are Parsers (a subcommand takes its parent's class); the modules'
+    # register functions are typed for any ArgumentParser.
+    def register(self, subparsers: argparse._SubParsersAction[Any]) -> None:
         """Add this module's subcommands; each sets ``func`` with ``set_defaults``."""
 
 
@@ -96,19 +98,20 @@ def _cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> Parser:
     """The full parser with every feature's subcommands.
 
     Args:
         command: ``version`` or a name of :data:`COMMANDS`: only the module of that command
             registers (the others' commands are then absent); None: every module.
     """
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="hami-trio",
         description="Node agent for HAMi GPU sharing: host PID broker, vGPU monitor, metrics.",
     )
     parser.add_argument("--version", action="version", version=f"hami-trio {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.commands = subparsers.choices
     version = subparsers.add_parser("version", help="print versions of hami-trio and its libraries")
     version.set_defaults(func=_cmd_version)
     if command is None:
@@ -134,14 +137,7 @@ def _command_of(argv: Sequence[str]) -> str | None:
 _TOP_LEVEL_OPTIONS: Final = frozenset({"-h", "--help", "--version"})
 
 
-def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return cast(argparse.ArgumentParser, action.choices[command])
-    raise LookupError(command)  # pragma: no cover - build_parser always adds them
-
-
-def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+def _parse(parser: Parser, argv: Sequence[str]) -> argparse.Namespace:
     """Parse ``argv``; an unknown option is named (before the command: not "COMMAND is
     required"; after it: with the subcommand's usage, not the top level's)."""
     for arg in argv:
@@ -151,18 +147,16 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Nam
             parser.error(f"unrecognized arguments: {arg}")
     args, extra = parser.parse_known_args(argv)
     if extra:
-        _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     return args
 
 
-def _given_paths(
-    parser: argparse.ArgumentParser, args: argparse.Namespace
-) -> list[tuple[str, str]]:
+def _given_paths(parser: Parser, args: argparse.Namespace) -> list[tuple[str, str]]:
     """The paths an error is matched against: the command's own list (``set_defaults(paths=
     ...)``: derived defaults too, e.g. the broker's lock), then its path flags' values."""
     own = cast("PathsFunc | None", getattr(args, "paths", None))
     listed = [] if own is None else own(args)
-    return listed + path_values(_subparser(parser, args.command), args)
+    return listed + path_values(parser.commands[args.command], args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

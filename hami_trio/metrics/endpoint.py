@@ -38,6 +38,7 @@ from hami_trio.http.server import (
 from hami_trio.logs import RateLimiter
 from hami_trio.metrics.scrapecache import (
     PART,
+    Body,
     RenderQueueFull,
     ScrapeCache,
     coalesce,
@@ -295,33 +296,15 @@ def make_handler(
                 )
             return Response(500, body=b"internal error while collecting metrics\n")
         stats.scrapes[answer] += 1
-        pieces = body.pieces
-        content = [(b"content-type", body.content_type.encode())]
-        if body.gzip:
-            content.append((b"content-encoding", b"gzip"))
-        if body.length <= PART:
-            return Response(200, content, b"".join(pieces))
-        # In runs, each sent before the next is joined: the body is never held whole.
-        return Response(200, content, parts=_runs(pieces), length=body.length)
+        return _body_response(body)
 
     def readyz() -> Response:
         lines = []
         ready = True
         for name, check in checks.items():
-            try:
-                passed = bool(check())
-            except Exception:
-                _log.exception("readiness check %s raised", name)
-                passed = False
+            passed, line = _readiness_line(name, check)
             if not getattr(check, "informational", False):
                 ready &= passed
-            line = f"[+]{name} ok" if passed else f"[-]{name} failed"
-            reason = getattr(check, "reason", None)
-            if not passed and callable(reason):
-                try:
-                    line += f": {' '.join(str(reason()).split())}"  # one line, whatever it says
-                except Exception:
-                    _log.exception("readiness check %s: reason() raised", name)
             lines.append(line)
         lines.append("readyz check passed" if ready else "readyz check failed")
         return Response(200 if ready else 503, body=("\n".join(lines) + "\n").encode())
@@ -339,6 +322,35 @@ def make_handler(
         return readyz()
 
     return handle
+
+
+def _body_response(body: Body) -> Response:
+    """The 200 answer carrying one rendered ``/metrics`` body."""
+    pieces = body.pieces
+    content = [(b"content-type", body.content_type.encode())]
+    if body.gzip:
+        content.append((b"content-encoding", b"gzip"))
+    if body.length <= PART:
+        return Response(200, content, b"".join(pieces))
+    # In runs, each sent before the next is joined: the body is never held whole.
+    return Response(200, content, parts=_runs(pieces), length=body.length)
+
+
+def _readiness_line(name: str, check: ReadinessCheck) -> tuple[bool, str]:
+    """Run one readiness check: whether it passed, and its ``/readyz`` line."""
+    try:
+        passed = bool(check())
+    except Exception:
+        _log.exception("readiness check %s raised", name)
+        passed = False
+    line = f"[+]{name} ok" if passed else f"[-]{name} failed"
+    reason = getattr(check, "reason", None)
+    if not passed and callable(reason):
+        try:
+            line += f": {' '.join(str(reason()).split())}"  # one line, whatever it says
+        except Exception:
+            _log.exception("readiness check %s: reason() raised", name)
+    return passed, line
 
 
 async def _runs(pieces: Sequence[bytes]) -> AsyncIterator[bytes]:

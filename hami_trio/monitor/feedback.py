@@ -196,6 +196,14 @@ def observe(
     if grants:
         get_grant = grants.get
         containers = {key: scoped(c, get_grant(key)) for key, c in containers.items()}
+    best, crowded = _active(containers)
+    if not best:
+        return _quiet_writes(containers)
+    return _tick_writes(containers, best, crowded)
+
+
+def _active(containers: Mapping[K, Observable]) -> tuple[dict[bytes, int], set[bytes]]:
+    """Per UUID the most important active priority, and the UUIDs where it is crowded."""
     # Per UUID only what the decisions need: the most important active priority and whether
     # more than one (container, slot) pair is active at it.  A container is blocked when a
     # lower priority than its own is active on one of its UUIDs, and crowded when its own
@@ -214,18 +222,29 @@ def observe(
                         crowded.discard(raw)
                     elif priority == top:
                         crowded.add(raw)
+    return best, crowded
 
+
+def _quiet_writes(containers: Mapping[K, Observable]) -> tuple[Write[K], ...]:
+    """Nothing active anywhere (a quiet node): nobody is blocked or crowded."""
     writes: list[Write[K]] = []
     append = writes.append
-    if not best:
-        # Nothing active anywhere (a quiet node): nobody is blocked or crowded.
-        for key, c in containers.items():
-            recent = c.recent_kernel
-            if recent != 0:
-                append(_write(key, _RECENT_KERNEL, recent - 1 if recent > 0 else 0))
-            if c.utilization_switch != 0:
-                append(_write(key, _UTILIZATION_SWITCH, 0))
-        return tuple(writes)
+    for key, c in containers.items():
+        recent = c.recent_kernel
+        if recent != 0:
+            append(_write(key, _RECENT_KERNEL, recent - 1 if recent > 0 else 0))
+        if c.utilization_switch != 0:
+            append(_write(key, _UTILIZATION_SWITCH, 0))
+    return tuple(writes)
+
+
+def _tick_writes(
+    containers: Mapping[K, Observable], best: Mapping[bytes, int], crowded: set[bytes]
+) -> tuple[Write[K], ...]:
+    """The writes of a tick where something is active (``best`` and ``crowded``:
+    :func:`_active`)."""
+    writes: list[Write[K]] = []
+    append = writes.append
     get = best.get
     for key, c in containers.items():
         priority = c.priority

@@ -358,52 +358,17 @@ class ContainerLister:
         fallback = self._watch.drain()
         if fallback is not None:
             self._watch_fell_back(fallback)
-        try:
-            root_fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            if not self._root_missing_logged:
-                logger.info(
-                    "%s does not exist yet (the device plugin creates it with the first "
-                    "vGPU container); no containers",
-                    self._root,
-                )
-                self._root_missing_logged = True
-            self._forget(set())
-            self._view = MappingProxyType({})
-            self._handles = MappingProxyType({})
-            return self._view
-        except OSError as exc:
-            if exc.errno in _NO_DESCRIPTORS:
-                self._no_descriptors(exc)
-                return self._view  # every handle and the last view stay
-            self._limiter.log(
-                logger, logging.ERROR, "root", "cannot open %s: %s", self._root, exc.strerror
-            )
-            self._forget(set())
-            self._view = MappingProxyType({})
-            self._handles = MappingProxyType({})
+        root_fd = self._open_root()
+        if root_fd is None:
             return self._view
         self._root_missing_logged = False
         self._work = 0
         self._unwatched = 0
         try:
-            try:
-                root_st = os.fstat(root_fd)
-                self._check_root(root_st)
-                size = root_st.st_size
-                if size > INLINE_DIR_BYTES:
-                    entries = await trio.to_thread.run_sync(_sorted_entries, root_fd)
-                else:
-                    self._work = size
-                    entries = _sorted_entries(root_fd)
-            except OSError as exc:
-                if exc.errno in _NO_DESCRIPTORS:
-                    self._no_descriptors(exc)
-                    return self._view  # not "no directories": the last view stays
-                self._limiter.log(
-                    logger, logging.ERROR, "root", "cannot list %s: %s", self._root, exc.strerror
-                )
-                entries = []
+            listed = await self._entries(root_fd)
+            if listed is None:
+                return self._view  # not "no directories": the last view stays
+            entries = listed
             states: dict[ContainerKey, TickState] = {}
             handles: dict[ContainerKey, RegionHandle] = {}
             seen: set[str] = set()
@@ -455,6 +420,55 @@ class ContainerLister:
         if self._removing:
             self._removal_wanted.set()  # one removal step per tick (serve_removals)
         return self._view
+
+    async def _entries(self, root_fd: int) -> list[os.DirEntry[str]] | None:
+        """The containers directory's entries, sorted (a large one listed in a worker
+        thread); None when the process is out of descriptors."""
+        try:
+            root_st = os.fstat(root_fd)
+            self._check_root(root_st)
+            size = root_st.st_size
+            if size > INLINE_DIR_BYTES:
+                return await trio.to_thread.run_sync(_sorted_entries, root_fd)
+            self._work = size
+            return _sorted_entries(root_fd)
+        except OSError as exc:
+            if exc.errno in _NO_DESCRIPTORS:
+                self._no_descriptors(exc)
+                return None
+            self._limiter.log(
+                logger, logging.ERROR, "root", "cannot list %s: %s", self._root, exc.strerror
+            )
+            return []
+
+    def _open_root(self) -> int | None:
+        """The containers directory, opened; None when it cannot be (the view is then
+        emptied, or kept when only descriptors are lacking)."""
+        try:
+            return os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if not self._root_missing_logged:
+                logger.info(
+                    "%s does not exist yet (the device plugin creates it with the first "
+                    "vGPU container); no containers",
+                    self._root,
+                )
+                self._root_missing_logged = True
+            self._forget(set())
+            self._view = MappingProxyType({})
+            self._handles = MappingProxyType({})
+            return None
+        except OSError as exc:
+            if exc.errno in _NO_DESCRIPTORS:
+                self._no_descriptors(exc)
+                return None  # every handle and the last view stay
+            self._limiter.log(
+                logger, logging.ERROR, "root", "cannot open %s: %s", self._root, exc.strerror
+            )
+            self._forget(set())
+            self._view = MappingProxyType({})
+            self._handles = MappingProxyType({})
+            return None
 
     def _check_root(self, st: os.stat_result) -> None:
         # Another containers directory under the same path (renamed, mounted over): the

@@ -417,6 +417,8 @@ class ListPage:
 _WHITESPACE: Final = re.compile(r"[ \t\n\r]*")
 _SCANNER: Final = json.JSONDecoder()
 _CONTAINERS: Final = frozenset('{["')
+# What may still follow a number that a chunk cut short ("-0" of "-0.5", "1" of "1e3").
+_NUMBER_TAIL: Final = re.compile(r"[0-9.eE+-]*")
 # States of PodListDecoder.
 _START, _KEY_OR_END, _KEY, _COLON, _VALUE, _MEMBER_END = range(6)
 _ITEMS, _ITEM_OR_END, _ITEM, _ITEM_END, _DONE = range(6, 11)
@@ -509,7 +511,7 @@ class PodListDecoder:
             return None, False
         except RecursionError as exc:
             raise WatchDecodeError("pod list is not JSON: nested too deeply") from exc
-        if end == len(buffer) and not eof and buffer[pos] not in _CONTAINERS:
+        if not eof and buffer[pos] not in _CONTAINERS and _NUMBER_TAIL.fullmatch(buffer, end):
             return None, False  # a number or literal may go on in the next chunk
         self._wait = 0
         self._pos = end
@@ -530,70 +532,83 @@ class PodListDecoder:
                 return
             char = self._buffer[self._pos]
             state = self._state
-            if state == _START:
-                self._expect("{")
-                self._state = _KEY_OR_END
-            elif state in (_KEY_OR_END, _KEY):
-                if char == "}" and state == _KEY_OR_END:
-                    self._pos += 1
-                    self._state = _DONE
-                    continue
-                if char != '"':
-                    raise WatchDecodeError(f"pod list is not JSON: expected a key at {self._pos}")
-                key, complete = self._value(eof)
-                if not complete:
-                    return
-                self._key = cast(str, key)
-                self._state = _COLON
-            elif state == _COLON:
-                self._expect(":")
-                self._state = _ITEMS if self._key == "items" else _VALUE
-            elif state == _VALUE:
+            if state == _DONE:
+                raise WatchDecodeError(f"pod list is not JSON: extra data at {self._pos}")
+            if state in (_ITEMS, _ITEM_OR_END, _ITEM, _ITEM_END):
+                more = self._items_step(state, char, eof)
+            else:
+                more = self._member_step(state, char, eof)
+            if not more:
+                return
+
+    def _member_step(self, state: int, char: str, eof: bool) -> bool:
+        """One step in the list object's own members; False when more input is needed."""
+        if state == _START:
+            self._expect("{")
+            self._state = _KEY_OR_END
+        elif state in (_KEY_OR_END, _KEY):
+            if char == "}" and state == _KEY_OR_END:
+                self._pos += 1
+                self._state = _DONE
+                return True
+            if char != '"':
+                raise WatchDecodeError(f"pod list is not JSON: expected a key at {self._pos}")
+            key, complete = self._value(eof)
+            if not complete:
+                return False
+            self._key = cast(str, key)
+            self._state = _COLON
+        elif state == _COLON:
+            self._expect(":")
+            self._state = _ITEMS if self._key == "items" else _VALUE
+        elif state == _VALUE:
+            value, complete = self._value(eof)
+            if not complete:
+                return False
+            if self._key == "metadata":
+                self._metadata = value
+            self._state = _MEMBER_END
+        else:  # _MEMBER_END
+            if char == ",":
+                self._state = _KEY
+            else:
+                self._expect("}")
+                self._state = _DONE
+            self._pos += char == ","
+        return True
+
+    def _items_step(self, state: int, char: str, eof: bool) -> bool:
+        """One step in the ``items`` member; False when more input is needed."""
+        if state == _ITEMS:
+            if char == "[":
+                self._pos += 1
+                self._state = _ITEM_OR_END
+            elif char == "n":  # Go encodes an empty slice as null in some versions
                 value, complete = self._value(eof)
                 if not complete:
-                    return
-                if self._key == "metadata":
-                    self._metadata = value
-                self._state = _MEMBER_END
-            elif state == _MEMBER_END:
-                if char == ",":
-                    self._state = _KEY
-                else:
-                    self._expect("}")
-                    self._state = _DONE
-                self._pos += char == ","
-            elif state == _ITEMS:
-                if char == "[":
-                    self._pos += 1
-                    self._state = _ITEM_OR_END
-                elif char == "n":  # Go encodes an empty slice as null in some versions
-                    value, complete = self._value(eof)
-                    if not complete:
-                        return
-                    if value is not None:
-                        raise WatchDecodeError("pod list items is not a list")
-                    self._state = _MEMBER_END
-                else:
+                    return False
+                if value is not None:
                     raise WatchDecodeError("pod list items is not a list")
-            elif state in (_ITEM_OR_END, _ITEM):
-                if char == "]" and state == _ITEM_OR_END:
-                    self._pos += 1
-                    self._state = _MEMBER_END
-                    continue
-                item, complete = self._value(eof)
-                if not complete:
-                    return
-                self._take(item)
-                self._state = _ITEM_END
-            elif state == _ITEM_END:
-                if char == ",":
-                    self._pos += 1
-                    self._state = _ITEM
-                else:
-                    self._expect("]")
-                    self._state = _MEMBER_END
-            else:  # _DONE
-                raise WatchDecodeError(f"pod list is not JSON: extra data at {self._pos}")
+                self._state = _MEMBER_END
+            else:
+                raise WatchDecodeError("pod list items is not a list")
+        elif state in (_ITEM_OR_END, _ITEM):
+            if char == "]" and state == _ITEM_OR_END:
+                self._pos += 1
+                self._state = _MEMBER_END
+                return True
+            item, complete = self._value(eof)
+            if not complete:
+                return False
+            self._take(item)
+            self._state = _ITEM_END
+        elif char == ",":  # _ITEM_END
+            self._pos += 1
+            self._state = _ITEM
+        else:
+            self._expect("]")
+            self._state = _MEMBER_END
+        return True
 
     def _take(self, item: object) -> None:
         index, self._index = self._index, self._index + 1

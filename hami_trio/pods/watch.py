@@ -285,12 +285,14 @@ class KubernetesPodSource:
 
     # Driven by serve_pod_watch (trio thread) ---------------------------------------------------
 
-    def _set_connected(self, connected: bool) -> None:
+    def set_connected(self, connected: bool) -> None:
+        """Whether the watch stream is up now (the list is then authoritative)."""
         self._connected = connected
         if self._synced_gauge is not None:
             self._synced_gauge.set(1 if self.authoritative else 0)
 
-    def _replace(self, pods: PodBudget, resource_version: str) -> None:
+    def replace(self, pods: PodBudget, resource_version: str) -> None:
+        """A (re)list arrived: ``pods`` at ``resource_version`` are all there is."""
         self._budget = pods
         self._pods = MappingProxyType(pods.pods())
         self._resource_version = resource_version
@@ -300,9 +302,10 @@ class KubernetesPodSource:
                 self._relists_counter.inc()
         self._lists += 1
         self._ready = True
-        self._set_connected(True)
+        self.set_connected(True)
 
-    def _apply(self, event: WatchEvent) -> None:
+    def apply(self, event: WatchEvent) -> None:
+        """One watch event: a pod put or removed, the resource version moved on."""
         if event.pod is not None:
             if event.type == "DELETED":
                 self._budget.remove(event.pod.uid)
@@ -437,7 +440,7 @@ class PodWatcher:
                 await trio.sleep(self._backoff.next_delay())
 
     async def _retry_later(self, what: str, exc: Exception) -> None:
-        self._source._set_connected(False)
+        self._source.set_connected(False)
         delay = self._backoff.next_delay()
         self._failures.log(
             _log,
@@ -470,7 +473,7 @@ class PodWatcher:
                 continue
             break
         first = not self._source.ready
-        self._source._replace(budget, rv)
+        self._source.replace(budget, rv)
         _log.log(
             logging.INFO if first else logging.DEBUG,
             "pod watch: listed %d pods on node %s (resourceVersion %s)",
@@ -580,7 +583,7 @@ class PodWatcher:
                         events += 1
                         self._backoff.reset()
                         if not self._source.authoritative:
-                            self._source._set_connected(True)
+                            self._source.set_connected(True)
                     del pending[:start]
                     if len(pending) > MAX_OBJECT_BYTES:
                         raise _Relist(f"watch event longer than {MAX_OBJECT_BYTES} bytes")
@@ -605,7 +608,7 @@ class PodWatcher:
             if event.code == 410:
                 raise _Relist(f"watch expired ({event.message})")
             raise _Retry(f"watch error {event.code}: {event.message}")
-        self._source._apply(event)
+        self._source.apply(event)
 
 
 async def serve_pod_watch(
@@ -657,7 +660,7 @@ async def serve_pod_watch(
                 task_status.started()
                 await PodWatcher(source, k8s_client.CoreV1Api(api), settings, rng).run()
             finally:
-                source._set_connected(False)
+                source.set_connected(False)
                 # Close the aiohttp session even when cancelled, within a bounded time.
                 with trio.CancelScope(shield=True, deadline=trio.current_time() + 5.0):
                     await _aio(api.close)

@@ -47,7 +47,7 @@ def snapshot(spec: RegionSpec) -> UsageSnapshot:
     return parse_region(bytes(build_region(spec)))
 
 
-def loaded(uid: str, name: str, spec: RegionSpec) -> ContainerState:
+def loaded(uid: str, name: str, spec: RegionSpec) -> ContainerState[UsageSnapshot]:
     key = ContainerKey(uid, name)
     return ContainerState(
         key, f"{ROOT}/{key.dirname}", "abc.cache", ContainerStatus.LOADED, snapshot(spec), None
@@ -159,7 +159,7 @@ def test_a_v0_file_has_no_version_and_an_idle_region_no_processes() -> None:
 def test_refused_and_missing_files_and_unknown_pods_say_why() -> None:
     key = ContainerKey("gone-uid", "side")
     rejection = Rejection(RejectReason.TOO_SMALL, "x.cache: cache file size 4 too small")
-    state = ContainerState(
+    state: ContainerState[UsageSnapshot] = ContainerState(
         key, f"{ROOT}/gone-uid_side", "x.cache", ContainerStatus.REJECTED, None, rejection
     )
     entry = container_entry(state, None, pods=K8S, paused=False)
@@ -176,7 +176,9 @@ def test_refused_and_missing_files_and_unknown_pods_say_why() -> None:
         "has not listed yet"
         in container_entry(state, None, pods=unsynced, paused=False)["identity"]["reason"]
     )
-    empty = ContainerState(key, f"{ROOT}/x", None, ContainerStatus.NO_CACHE_FILE, None, None)
+    empty: ContainerState[UsageSnapshot] = ContainerState(
+        key, f"{ROOT}/x", None, ContainerStatus.NO_CACHE_FILE, None, None
+    )
     assert container_entry(empty, None, pods=K8S, paused=False)["file"] is None
 
 
@@ -241,7 +243,7 @@ def test_extras_fill_the_keys_left_for_them() -> None:
     assert seen == [("uid-1", "main")]
 
 
-def document(containers: Sequence[ContainerState], **kwargs: Any) -> dict[str, Any]:
+def document(containers: Sequence[ContainerState[UsageSnapshot]], **kwargs: Any) -> dict[str, Any]:
     pods = kwargs.pop("pod_source", StaticPodSource([POD]))
     return debug_state(
         {state.key: state for state in containers},
@@ -258,7 +260,7 @@ def document(containers: Sequence[ContainerState], **kwargs: Any) -> dict[str, A
 
 def test_the_document_orders_counts_selects_and_summarises() -> None:
     other = PodInfo("uid-0", "team-b", "eval-0", containers=("main",))
-    containers = [
+    containers: list[ContainerState[UsageSnapshot]] = [
         loaded("uid-1", "main", two_gpus()),
         loaded("zzz-unknown", "main", two_gpus()),
         loaded("uid-0", "main", two_gpus()),
@@ -358,7 +360,7 @@ def _strings(value: Any) -> list[str]:
 
 @given(st.lists(container_states(), max_size=6), st.integers(min_value=1, max_value=4))
 def test_any_tick_gives_a_valid_bounded_document_that_says_what_the_files_say(
-    states: list[ContainerState], cap: int
+    states: list[ContainerState[UsageSnapshot]], cap: int
 ) -> None:
     containers = {state.key: state for state in states}
     limits = DebugLimits(containers=cap, processes=8, text=64)
@@ -417,7 +419,7 @@ def test_the_feedback_entry_says_whose_gpus_and_priority_counted() -> None:
     }
     assert seen == [("uid-1_main", 0)]
     # Not loaded: no snapshot, nothing counted, the extra is not asked.
-    missing = ContainerState(
+    missing: ContainerState[UsageSnapshot] = ContainerState(
         ContainerKey("uid-1", "x"),
         f"{ROOT}/uid-1_x",
         None,

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
@@ -187,7 +187,7 @@ def stray(found: Mapping[Any, float], reason: str, name: str = "containers") -> 
 
 def entry_of(document: Mapping[str, Any], pod: str) -> dict[str, Any]:
     (entry,) = [e for e in document["containers"] if e["pod"] == pod]
-    return entry
+    return cast(dict[str, Any], entry)
 
 
 async def test_a_container_cannot_block_a_gpu_it_was_not_allocated(

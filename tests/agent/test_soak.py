@@ -37,6 +37,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 import trio
@@ -240,21 +241,21 @@ async def test_hostile_tenant_soak(nursery: trio.Nursery) -> None:
             remove_tree(base / "hook")
 
 
-async def _soak(nursery: trio.Nursery, base: Path) -> None:
-    hook = base / "hook"
-    root = hook / "containers"
-    root.mkdir(parents=True)
-    fake = FakeKubeApi()
-    await nursery.start(fake.serve)
-    node = {"hami.io/vgpu-node": "node-a"}
-
+def _populate(
+    fake: FakeKubeApi, root: Path, node: dict[str, str]
+) -> tuple[dict[str, str], str, list[str], list[str]]:
+    """The pods and their directories before the attack: the well-behaved ones (name: uid),
+    the one with a hostile annotation, those with hostile regions and those with hostile
+    names."""
     good: dict[str, str] = {}
     for name, spec in good_specs().items():
         uid = fake.add_pod(
             name,
             namespace="team-good",
             labels=node,
-            annotations={"hami.io/vgpu-mig-allocations": mig(spec.uuids[0])},
+            annotations={
+                "hami.io/vgpu-mig-allocations": mig(cast(str, spec.uuids[0]))
+            },  # text UUIDs
         )
         good[name] = uid
         (root / f"{uid}_main").mkdir()
@@ -276,6 +277,51 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
     ]
     for uid in hostile_uids:
         (root / f"{uid}_main").mkdir()
+    return good, evil, hostile_uids, names_uids
+
+
+def _late(churn: list[tuple[str, float]], root: Path) -> list[str]:
+    """The deleted churn pods whose directories are still there after the allowed time."""
+    now = time.monotonic()
+    return [
+        u for u, at in churn if now - at > CHURN_REMOVED_WITHIN and (root / f"{u}_main").exists()
+    ]
+
+
+async def _wait_removed(agent: AgentProcess, root: Path, gone_dirs: list[str]) -> None:
+    """Wait up to 90 s for the agent to remove every directory of ``gone_dirs``."""
+    with trio.move_on_after(90) as waited:
+        while any((root / d).exists() for d in gone_dirs):
+            assert agent.proc.poll() is None, agent.output()[-5000:]
+            await trio.sleep(0.2)
+    left = [d for d in gone_dirs if (root / d).exists()]
+    assert not waited.cancelled_caught, (
+        f"{len(left)} gone directories left after 90 s: {left[:5]}; the agent says "
+        + "\n".join(agent.output().splitlines()[-30:])
+    )
+
+
+async def _read_to_end(process: trio.Process, size: int) -> bytes:
+    """All of ``process``'s stdout (to EOF: one read may return a part), then its exit."""
+    out = b""
+    while process.stdout is not None:
+        chunk = await process.stdout.receive_some(size)
+        if not chunk:
+            break
+        out += chunk
+    await process.wait()
+    return out
+
+
+async def _soak(nursery: trio.Nursery, base: Path) -> None:
+    hook = base / "hook"
+    root = hook / "containers"
+    root.mkdir(parents=True)
+    fake = FakeKubeApi()
+    await nursery.start(fake.serve)
+    node = {"hami.io/vgpu-node": "node-a"}
+
+    good, evil, hostile_uids, names_uids = _populate(fake, root, node)
 
     socket_path = base / "hostpid" / "broker.sock"
     args = [
@@ -389,12 +435,7 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
                     gone_uid = alive.pop(0)
                     fake.delete_pod(gone_uid)
                     churn.append((gone_uid, time.monotonic()))
-                late = [
-                    u
-                    for u, at in churn
-                    if time.monotonic() - at > CHURN_REMOVED_WITHIN
-                    and (root / f"{u}_main").exists()
-                ]
+                late = _late(churn, root)
                 assert not late, (
                     f"churn directories not removed within {CHURN_REMOVED_WITHIN}s: "
                     f"{late[:3]}, {len(churn)} deleted; the agent says\n"
@@ -427,21 +468,9 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
                 round_ += 1
                 await trio.sleep(0.3)
             with trio.fail_after(60):
-                out = b""
-                while tenant.stdout is not None:  # to EOF: one read may return a part
-                    chunk = await tenant.stdout.receive_some(1 << 20)
-                    if not chunk:
-                        break
-                    out += chunk
-                await tenant.wait()
+                out = await _read_to_end(tenant, 1 << 20)
             with trio.fail_after(60):
-                flood_out = b""
-                while flood.stdout is not None:
-                    chunk = await flood.stdout.receive_some(1 << 16)
-                    if not chunk:
-                        break
-                    flood_out += chunk
-                await flood.wait()
+                flood_out = await _read_to_end(flood, 1 << 16)
         finally:
             for process in (tenant, flood):
                 if process.returncode is None:
@@ -468,15 +497,7 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
 
         # The gone pods' directories are all removed, and the agent still ticks.
         gone_dirs += [f"{u}_main" for u, _ in churn]
-        with trio.move_on_after(90) as waited:
-            while any((root / d).exists() for d in gone_dirs):
-                assert agent.proc.poll() is None, agent.output()[-5000:]
-                await trio.sleep(0.2)
-        left = [d for d in gone_dirs if (root / d).exists()]
-        assert not waited.cancelled_caught, (
-            f"{len(left)} gone directories left after 90 s: {left[:5]}; the agent says "
-            + "\n".join(agent.output().splitlines()[-30:])
-        )
+        await _wait_removed(agent, root, gone_dirs)
         # The hostile pod ends on a hostile annotation: it has no MIG row, the others do.
         fake.modify_pod(evil, annotations={"hami.io/vgpu-mig-allocations": HOSTILE_ANNOTATIONS[0]})
         with trio.fail_after(20):
@@ -508,10 +529,15 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
         )
         assert await trio.to_thread.run_sync(agent.stop) == 0
     assert not socket_path.exists()
+    _check_log(agent)
+
+
+def _check_log(agent: AgentProcess) -> None:
+    """One JSON record per line (no file name forged a line), and the hostile pod named."""
     lines = agent.lines
     assert lines
     for line in lines:
-        record = json.loads(line)  # one record per line: no file name forged a line
+        record = json.loads(line)
         assert isinstance(record, dict), line
     warnings = [r for r in agent.records() if r.get("level") in ("warning", "error")]
     assert any("evil-annot" in json.dumps(r) for r in warnings), "the hostile pod was never named"

@@ -11,6 +11,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -28,7 +29,7 @@ from hami_trio.agent.debug import (
 from hami_trio.agent.status import format_status, status_address
 from hami_trio.errors import ConfigError
 from hami_trio.goparse import BindAddress
-from hami_trio.monitor.lister import ContainerLister
+from hami_trio.monitor.lister import ContainerKey, ContainerLister
 from hami_trio.monitor.scope import Claim
 from hami_trio.pods.source import StaticPodSource
 from tests.agent.test_debug import (
@@ -229,8 +230,10 @@ def _status_of_files(root: Path, names: Sequence[str]) -> str:
         view = trio.run(lister.update)
     finally:
         lister.close()
+    # no file loads here: the tick's states are what a usage read would show
+    states: dict[ContainerKey, Any] = dict(view)
     doc = debug_state(
-        dict(view),
+        states,
         StaticPodSource([]),
         now=0.0,
         node_name="node-a",

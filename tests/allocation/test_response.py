@@ -138,7 +138,7 @@ def test_configure_table(case: Case) -> None:
     devices = (DeviceSpec("/dev/nvidia0", "/dev/nvidia0", "rw"),)
     response = ContainerAllocateResponse(
         envs=case.envs,
-        mounts=case.mounts,
+        mounts=tuple(case.mounts),
         devices=devices,
         annotations={"k": "v"},
         cdi_devices=("nvidia.com/gpu=0",),
@@ -168,7 +168,7 @@ def test_canonical_mounts_use_the_given_host_paths() -> None:
 
 def test_input_is_never_mutated_and_response_is_immutable() -> None:
     envs = {BROKER_SWITCH_ENV: "0"}
-    response = ContainerAllocateResponse(envs=envs, mounts=[BROKER])
+    response = ContainerAllocateResponse(envs=envs, mounts=(BROKER,))
     envs["LATER"] = "x"  # the response owns a copy
     assert dict(response.envs) == {BROKER_SWITCH_ENV: "0"}
     out = configure_host_pid_broker(response, True)

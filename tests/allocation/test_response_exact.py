@@ -225,27 +225,34 @@ def test_from_json_refusals() -> None:
         R.from_json("1")
 
 
+# The refusals below pass wrong types on purpose (what a caller without a type checker
+# might): the constructors are called through names the type checker does not check.
+LOOSE_R: Any = R
+LOOSE_MOUNT: Any = Mount
+LOOSE_DEVICE: Any = DeviceSpec
+
+
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: R(envs=["A"]), "envs: expected a mapping of strings, got list"),
-        (lambda: R(annotations="x"), "annotations: expected a mapping of strings, got str"),
-        (lambda: R(envs={1: "a"}), "envs key: expected a string, got int"),
-        (lambda: R(annotations={"k": 2}), "annotations['k']: expected a string, got int"),
-        (lambda: R(annotations={2: "v"}), "annotations key: expected a string, got int"),
-        (lambda: R(mounts="abc"), "mounts: expected a sequence of Mount"),
-        (lambda: R(mounts=b"abc"), "mounts: expected a sequence of Mount"),
-        (lambda: R(devices={"a": 1}), "devices: expected a sequence of DeviceSpec"),
-        (lambda: R(cdi_devices="n"), "cdi_devices: expected a sequence of str"),
-        (lambda: R(mounts=[LIB, ("/a", "/b", True)]), "mounts[1]: expected Mount, got tuple"),
-        (lambda: R(devices=[LIB]), "devices[0]: expected DeviceSpec, got Mount"),
-        (lambda: R(cdi_devices=["a", 1]), "cdi_devices[1]: expected str, got int"),
-        (lambda: Mount(1, "/b"), "mount container_path: expected a string, got int"),
-        (lambda: Mount("/a", None), "mount host_path: expected a string, got NoneType"),
-        (lambda: Mount("/a", "/b", 1), "mount read_only: expected a boolean, got int"),
-        (lambda: DeviceSpec(1, "/b"), "device container_path: expected a string, got int"),
-        (lambda: DeviceSpec("/a", 2), "device host_path: expected a string, got int"),
-        (lambda: DeviceSpec("/a", "/b", 3), "device permissions: expected a string, got int"),
+        (lambda: LOOSE_R(envs=["A"]), "envs: expected a mapping of strings, got list"),
+        (lambda: LOOSE_R(annotations="x"), "annotations: expected a mapping of strings, got str"),
+        (lambda: LOOSE_R(envs={1: "a"}), "envs key: expected a string, got int"),
+        (lambda: LOOSE_R(annotations={"k": 2}), "annotations['k']: expected a string, got int"),
+        (lambda: LOOSE_R(annotations={2: "v"}), "annotations key: expected a string, got int"),
+        (lambda: LOOSE_R(mounts="abc"), "mounts: expected a sequence of Mount"),
+        (lambda: LOOSE_R(mounts=b"abc"), "mounts: expected a sequence of Mount"),
+        (lambda: LOOSE_R(devices={"a": 1}), "devices: expected a sequence of DeviceSpec"),
+        (lambda: LOOSE_R(cdi_devices="n"), "cdi_devices: expected a sequence of str"),
+        (lambda: LOOSE_R(mounts=[LIB, ("/a", "/b", True)]), "mounts[1]: expected Mount, got tuple"),
+        (lambda: LOOSE_R(devices=[LIB]), "devices[0]: expected DeviceSpec, got Mount"),
+        (lambda: LOOSE_R(cdi_devices=["a", 1]), "cdi_devices[1]: expected str, got int"),
+        (lambda: LOOSE_MOUNT(1, "/b"), "mount container_path: expected a string, got int"),
+        (lambda: LOOSE_MOUNT("/a", None), "mount host_path: expected a string, got NoneType"),
+        (lambda: LOOSE_MOUNT("/a", "/b", 1), "mount read_only: expected a boolean, got int"),
+        (lambda: LOOSE_DEVICE(1, "/b"), "device container_path: expected a string, got int"),
+        (lambda: LOOSE_DEVICE("/a", 2), "device host_path: expected a string, got int"),
+        (lambda: LOOSE_DEVICE("/a", "/b", 3), "device permissions: expected a string, got int"),
     ],
 )
 def test_model_refusals(build: Any, message: str) -> None:
@@ -257,7 +264,8 @@ def test_model_refusals(build: Any, message: str) -> None:
 def test_the_model_copies_and_freezes_its_inputs() -> None:
     mounts = [LIB]
     envs = {"A": "1"}
-    response = R(envs=envs, mounts=mounts, devices=iter([DeviceSpec("/a", "/b")]))
+    # A list and an iterator on purpose: the model copies them into tuples.
+    response: R = LOOSE_R(envs=envs, mounts=mounts, devices=iter([DeviceSpec("/a", "/b")]))
     mounts.append(CACHE)
     envs["B"] = "2"
     assert response.mounts == (LIB,)
@@ -302,7 +310,7 @@ def test_the_switch_is_exactly_1_when_enabled_and_absent_when_disabled() -> None
     ],
 )
 def test_merge_examples(enabled: bool, mounts: list[Mount], expected: list[Mount]) -> None:
-    response = R(mounts=mounts)
+    response = R(mounts=tuple(mounts))
     out = configure_host_pid_broker(response, enabled)
     assert list(out.mounts) == expected
     assert response.mounts == tuple(mounts)

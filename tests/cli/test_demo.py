@@ -157,11 +157,11 @@ def test_short_demo_passes_every_check_and_leaves_nothing(tmp_path: Path) -> Non
         if line.startswith("-/")
     }
     assert sorted(rows) == sorted(names)
-    specs = {spec.name: spec for spec in default_workloads(len(names))}
+    by_name = {spec.name: spec for spec in default_workloads(len(names))}
     for name, row in rows.items():
         assert row[1] == "v1"
-        assert row[3].endswith(f"/{specs[name].memory_limit >> 20}"), row
-        assert row[6] == str(specs[name].priority)
+        assert row[3].endswith(f"/{by_name[name].memory_limit >> 20}"), row
+        assert row[6] == str(by_name[name].priority)
         assert row[-1] == "exported"  # the collector's own decision
     # PROCS is running/exited/unknown: the workload without the broker never learned its PID.
     assert rows["no-broker"][8].endswith("/1"), rows["no-broker"]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from hami_trio.cli.failure import PATH_METAVARS, describe, path_actions, path_values
+from hami_trio.cli.failure import PATH_METAVARS, Parser, describe, path_actions, path_values
 from hami_trio.cli.main import build_parser
 from hami_trio.errors import AgentError, BrokerStartupError, ConfigError
 from tests.sandbox import world_readable_dir
@@ -97,7 +97,7 @@ def test_anything_else_keeps_its_traceback() -> None:
 
 
 def test_path_values_are_the_path_metavars_given() -> None:
-    parser = argparse.ArgumentParser()
+    parser = Parser()
     parser.add_argument("--out", metavar="PATH")
     parser.add_argument("--name", metavar="NAME")
     parser.add_argument("file", metavar="FILE")

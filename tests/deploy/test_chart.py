@@ -413,7 +413,12 @@ def test_host_paths_follow_the_values(chart: Any) -> None:
 
 
 def test_no_host_tmp_only_the_two_directories_read_only(chart: Any) -> None:
-    for values in ({}, BROKER_ON, {"migLockPath": "/var/lib/hami-mig/apply.lock"}):
+    cases: tuple[dict[str, Any], ...] = (
+        {},
+        BROKER_ON,
+        {"migLockPath": "/var/lib/hami-mig/apply.lock"},
+    )
+    for values in cases:
         by_kind = render(chart, values)
         pod = only(by_kind, "DaemonSet")["spec"]["template"]["spec"]
         mounts = {m["mountPath"]: m for m in agent(by_kind)["volumeMounts"]}

@@ -211,7 +211,7 @@ def collector(monitor: Monitor, *, legacy: bool) -> VGpuCollector:
         all_pods=source.pods,
         legacy=legacy,
         wall_clock=lambda: NOW,
-        insights=monitor.insights,
+        insights=True,
     )
 
 

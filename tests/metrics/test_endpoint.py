@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -28,7 +29,7 @@ from prometheus_client.registry import Collector
 
 from hami_trio.errors import HttpServerError
 from hami_trio.goparse import BindAddress, parse_bind_address
-from hami_trio.http.server import HttpLimits
+from hami_trio.http.server import HttpLimits, Outcome
 from hami_trio.metrics.endpoint import HttpStats, ReadinessCheck, progress_check, serve_http
 from tests.http.client import fetch, until
 from tests.httpflood import flooding
@@ -63,7 +64,7 @@ async def start(
     nursery: trio.Nursery,
     registry: CollectorRegistry,
     checks: Mapping[str, ReadinessCheck] | None = None,
-    **options: object,
+    **options: Any,
 ) -> int:
     bound: BindAddress = await nursery.start(
         partial(serve_http, parse_bind_address("127.0.0.1:0"), registry, checks, **options)
@@ -313,7 +314,7 @@ async def test_stalled_clients_are_bounded_and_a_scrape_still_answers(
         assert stats.open == 0
         assert stats.held_bytes == 0
         assert stats.counts["response_timeout"] >= 1
-        closed = ("evicted", "peer_cap", "rejected", "response_timeout")
+        closed: tuple[Outcome, ...] = ("evicted", "peer_cap", "rejected", "response_timeout")
         assert sum(stats.counts[outcome] for outcome in closed) >= 1000
     finally:
         for sock in socks:
@@ -356,7 +357,8 @@ def _probe(port: int, path: str, timeout: float = 3.0) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as reply:
             reply.read()
-            return reply.status == 200
+            status: int = reply.status
+            return status == 200
     except (OSError, http.client.HTTPException):
         return False
 

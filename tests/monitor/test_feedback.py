@@ -10,7 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hami_trio.monitor.feedback import Activity, Grant, Observed, Write, observe, scoped, strays
+from hami_trio.monitor.feedback import (
+    Activity,
+    Grant,
+    Observable,
+    Observed,
+    Write,
+    observe,
+    scoped,
+    strays,
+)
 from hami_trio.monitor.layout import ControlField
 from hami_trio.monitor.snapshot import parse_region
 from hami_trio.testing.regions import RegionSpec, build_region
@@ -41,8 +50,10 @@ def final(containers: Mapping[str, Observed], writes: Sequence[Write[str]]) -> d
     """The node after the writes were applied."""
     out = dict(containers)
     for write in writes:
-        name = "recent_kernel" if write.field is RK else "utilization_switch"
-        out[write.key] = dataclasses.replace(out[write.key], **{name: write.value})
+        if write.field is RK:
+            out[write.key] = dataclasses.replace(out[write.key], recent_kernel=write.value)
+        else:
+            out[write.key] = dataclasses.replace(out[write.key], utilization_switch=write.value)
     return out
 
 
@@ -213,6 +224,20 @@ def test_nothing_written_when_nothing_changes() -> None:
 # -- properties ----------------------------------------------------------------------------
 
 
+def _check_blocking(ut: Mapping[bytes, list[int]], p: int, keys: Sequence[bytes]) -> bool:
+    return any(u in ut and any(ut[u][i] > 0 for i in range(min(p, len(ut[u])))) for u in keys)
+
+
+def _check_priority(ut: Mapping[bytes, list[int]], p: int, keys: Sequence[bytes]) -> bool:
+    for u in keys:
+        if u in ut:
+            if any(ut[u][i] > 0 for i in range(min(p, len(ut[u])))):
+                return True
+            if 0 <= p < len(ut[u]) and ut[u][p] > 1:
+                return True
+    return False
+
+
 def upstream_reference(containers: Mapping[str, Observed]) -> dict[str, tuple[int, int]]:
     """A literal port of HAMi's Observe (growing lists), for small priorities only."""
     ut: dict[bytes, list[int]] = {}
@@ -230,25 +255,13 @@ def upstream_reference(containers: Mapping[str, Observed]) -> dict[str, tuple[in
                         lst.append(0)
                     lst[c.priority] += 1
 
-    def check_blocking(p: int, keys: Sequence[bytes]) -> bool:
-        return any(u in ut and any(ut[u][i] > 0 for i in range(min(p, len(ut[u])))) for u in keys)
-
-    def check_priority(p: int, keys: Sequence[bytes]) -> bool:
-        for u in keys:
-            if u in ut:
-                if any(ut[u][i] > 0 for i in range(min(p, len(ut[u])))):
-                    return True
-                if 0 <= p < len(ut[u]) and ut[u][p] > 1:
-                    return True
-        return False
-
     for k, c in containers.items():
-        if check_blocking(c.priority, c.device_keys):
+        if _check_blocking(ut, c.priority, c.device_keys):
             if rk[k] >= 0:
                 rk[k] = -1
         elif rk[k] < 0:
             rk[k] = 0
-        sw[k] = 1 if check_priority(c.priority, c.device_keys) else 0
+        sw[k] = 1 if _check_priority(ut, c.priority, c.device_keys) else 0
     return {k: (rk[k], sw[k]) for k in containers}
 
 
@@ -316,7 +329,7 @@ def test_writes_only_changes_and_at_most_two_per_container(
     assert len(writes) == len({(w.key, w.field) for w in writes})
 
 
-def counting_reference(containers: Mapping[str, Observed]) -> tuple[Write[str], ...]:
+def counting_reference(containers: Mapping[str, Observable]) -> tuple[Write[str], ...]:
     """Observe written the straightforward way: a count per (UUID, priority), then
     CheckBlocking / CheckPriority over every UUID of every container (the shape ``observe``
     had before it kept only the most important priority per UUID)."""

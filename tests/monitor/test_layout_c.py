@@ -53,12 +53,12 @@ def region_tool(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_offsets_and_sizes_match_gcc(region_tool: Path) -> None:
     out = subprocess.run([region_tool, "offsets"], check=True, capture_output=True, text=True)
-    c_rows = {}
+    c_rows: dict[tuple[str, str, str], tuple[int, int]] = {}
     for line in out.stdout.splitlines():
-        fmt, table, member, offset, size = line.split()
-        c_rows[(fmt, table, member)] = (int(offset), int(size))
+        c_fmt, c_table, c_member, c_offset, c_size = line.split()
+        c_rows[(c_fmt, c_table, c_member)] = (int(c_offset), int(c_size))
 
-    py_rows = {}
+    py_rows: dict[tuple[str, str, str], tuple[int, int]] = {}
     for table_name, table in (("region", REGION_TABLE), ("slot", SLOT_TABLE)):
         for member, off0, size0, off1, size1 in table:
             for fmt, off, size in (("v0", off0, size0), ("v1", off1, size1)):

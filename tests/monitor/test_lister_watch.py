@@ -123,6 +123,27 @@ def _clear(path: Path) -> None:
         path.unlink()
 
 
+_ON_REGULAR = frozenset(
+    {"rewrite", "hard_link_beside", "truncate", "grow", "shrink_to_sizeof", "extend_far"}
+)
+
+
+def _on_regular(directory: Path, cache: Path, move: str, serial: int) -> None:
+    """The moves of :data:`_ON_REGULAR`, done only to a regular file."""
+    if move == "rewrite":
+        SimulatedWorkload(cache).set_priority(serial % 50)
+    elif move == "hard_link_beside":
+        os.link(cache, directory / f"second{serial}")
+    elif move == "truncate":
+        os.truncate(cache, 100)
+    elif move == "grow":
+        os.truncate(cache, cache.stat().st_size + 1)
+    elif move == "shrink_to_sizeof":
+        os.truncate(cache, V1.sizeof)
+    else:  # extend_far
+        os.truncate(cache, cache.stat().st_size + PROBE_SLACK + 4096)
+
+
 def perform(root: Path, index: int, move: str, outside: Path, serial: int) -> None:
     """Do ``move`` to container ``index`` (a missing directory is made afresh first)."""
     directory = root / NAMES[index]
@@ -130,9 +151,9 @@ def perform(root: Path, index: int, move: str, outside: Path, serial: int) -> No
         container(root, NAMES[index], "x.cache", priority=serial % 7)
         return
     cache = directory / "x.cache"
-    regular = cache.is_file() and not cache.is_symlink()
-    if move == "rewrite" and regular:
-        SimulatedWorkload(cache).set_priority(serial % 50)
+    if move in _ON_REGULAR:
+        if cache.is_file() and not cache.is_symlink():
+            _on_regular(directory, cache, move, serial)
     elif move == "rename_over":
         write_region(directory / "new", RegionSpec(priority=serial % 50, uuids=["GPU-1"]))
         _clear(cache)
@@ -153,16 +174,6 @@ def perform(root: Path, index: int, move: str, outside: Path, serial: int) -> No
         os.link(outside, directory / "tmp")
         _clear(cache)
         os.replace(directory / "tmp", cache)
-    elif move == "hard_link_beside" and regular:
-        os.link(cache, directory / f"second{serial}")
-    elif move == "truncate" and regular:
-        os.truncate(cache, 100)
-    elif move == "grow" and regular:
-        os.truncate(cache, cache.stat().st_size + 1)
-    elif move == "shrink_to_sizeof" and regular:
-        os.truncate(cache, V1.sizeof)
-    elif move == "extend_far" and regular:
-        os.truncate(cache, cache.stat().st_size + PROBE_SLACK + 4096)
     elif move == "unlink":
         _clear(cache)
     elif move == "other_files":

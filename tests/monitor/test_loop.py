@@ -746,7 +746,7 @@ def _fail_opening(
             raise OSError(err, os.strerror(err))
         return real_open(file, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(loop_module.os, "open", fake_open)
+    monkeypatch.setattr(loop_module.os, "open", fake_open)  # type: ignore[attr-defined]
     return switch
 
 

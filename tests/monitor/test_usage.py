@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ import trio
 from hami_trio.monitor.lister import ContainerKey, ContainerStatus
 from hami_trio.monitor.loop import Monitor, MonitorConfig
 from hami_trio.monitor.region import RegionHandle
+from hami_trio.monitor.usage import UsageState
 from hami_trio.pods.source import StaticPodSource
 from hami_trio.testing.regions import MemoryUse, ProcSlot, RegionSpec, write_region
 
@@ -147,13 +148,12 @@ async def test_a_replacement_storm_racing_usage_reads_never_mixes_tenants_up(
     mixed: list[str] = []
     checked = [0]
 
-    def check(view_containers: object) -> None:
-        assert isinstance(view_containers, dict) or hasattr(view_containers, "items")
-        for key, state in view_containers.items():  # type: ignore[attr-defined]
-            if state.status is not ContainerStatus.LOADED:
+    def check(view_containers: Mapping[ContainerKey, UsageState]) -> None:
+        for key, state in view_containers.items():
+            snapshot = state.snapshot
+            if state.status is not ContainerStatus.LOADED or snapshot is None:
                 continue
             i = int(key.pod_uid[1:])
-            snapshot = state.snapshot
             got = (snapshot.devices[0].uuid.text, snapshot.devices[0].memory_total)
             if got != (f"GPU-{i:04d}", (i + 1) * MIB):
                 mixed.append(f"{key.dirname} read as {got}")

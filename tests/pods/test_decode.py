@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 
 from hami_trio.pods.allocated import ALLOCATED_ANNOTATION
 from hami_trio.pods.decode import (
@@ -418,6 +418,8 @@ def test_list_decoder_refuses_what_json_refuses(body: bytes) -> None:
         parse_pod_list(body)
 
 
+@example('{"metadata": {"resourceVersion": "9"}, "items": [-0.0]}')  # "-0" ends a chunk
+@example('{"metadata": {"resourceVersion": "9"}, "items": [12e3]}')  # "12e" ends one
 @given(st_metrics.pod_lists())
 def test_list_decoder_in_chunks_equals_the_whole_list(body: str) -> None:
     raw = body.encode("utf-8", "surrogatepass")

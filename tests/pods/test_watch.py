@@ -430,6 +430,7 @@ async def test_outage_keeps_pods_backs_off_and_recovers(
     source = await start_watch(nursery, access, registry=registry)
     await wait_until(lambda: fake.open_watches == 1)
     port = fake.port
+    assert port is not None
     fake.stop()
     await wait_until(lambda: not source.authoritative)
     await trio.sleep(0.3)  # several refused reconnects
@@ -453,6 +454,7 @@ async def test_authority_returns_only_with_news_from_the_resumed_watch(
     source = await start_watch(nursery, access)
     await wait_until(lambda: fake.open_watches == 1)
     port = fake.port
+    assert port is not None
     fake.stop()
     await wait_until(lambda: not source.authoritative)
     await nursery.start(partial(fake.serve, port=port))

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hami_trio.errors import CacheFileRejected
 from hami_trio.monitor.layout import RejectReason
 from hami_trio.monitor.lister import ContainerKey, ContainerState, ContainerStatus, Rejection
-from hami_trio.monitor.snapshot import parse_region
+from hami_trio.monitor.snapshot import UsageSnapshot, parse_region
 from tests.strategies.layout import region_files
 
 __all__ = ["container_states", "hostile_names"]
@@ -30,7 +30,7 @@ def hostile_names() -> st.SearchStrategy[str]:
 
 
 @st.composite
-def container_states(draw: st.DrawFn) -> ContainerState:
+def container_states(draw: st.DrawFn) -> ContainerState[UsageSnapshot]:
     """One container directory of a tick: loaded, refused or without a file."""
     key = ContainerKey(draw(hostile_names()), draw(hostile_names()))
     directory = f"/hook/containers/{key.dirname}"

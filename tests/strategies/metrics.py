@@ -203,7 +203,7 @@ def allocated_entries(max_entries: int = 5) -> st.SearchStrategy[list[list[Alloc
     """Per container entry, the devices HAMi's scheduler could have written."""
     separators = set(",:;")
     field = st.text(
-        st.characters(blacklist_characters=sorted(separators), blacklist_categories=("Cs",)),
+        st.characters(exclude_characters=sorted(separators), exclude_categories=["Cs"]),
         min_size=1,
         max_size=12,
     )

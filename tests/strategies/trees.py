@@ -91,52 +91,57 @@ def build_outside(path: Path) -> None:
     os.mkfifo(path / "fifo")
 
 
+def _make(node: Node, parent: Path, target: Path, outside: Path) -> None:
+    """Create one node that is not a symbolic link."""
+    if node.kind == "dir":
+        target.mkdir()
+    elif node.kind == "file":
+        # O_EXCL: never opens what is there already (a FIFO would block).
+        fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW)
+        try:
+            os.write(fd, b"tenant data")
+        finally:
+            os.close(fd)
+    elif node.kind == "chain":
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            name = node.name
+            for _ in range(node.depth):
+                os.mkdir(name, dir_fd=fd)
+                child = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+                os.close(fd)
+                fd = child
+                name = "c"
+        finally:
+            os.close(fd)
+    elif node.kind == "fifo":
+        os.mkfifo(target)
+    elif node.kind == "socket":
+        if len(os.fsencode(target)) < 100:  # sun_path is short
+            with socket.socket(socket.AF_UNIX) as sock:
+                sock.bind(os.fspath(target))
+    elif node.kind == "hardlink_outside":
+        os.link(outside / "keep", target)
+
+
 def build_tree(spec: TreeSpec, top: Path, outside: Path) -> None:
     """Create ``spec`` under the (existing) directory ``top``; name clashes are skipped."""
     dirs = [top]
+    links = {
+        "link_outside_dir": outside,
+        "link_outside_file": outside / "keep",
+        "link_outside_fifo": outside / "fifo",
+        "link_inside": top,
+        "dangling": top / "no such entry",
+    }
     for node in spec.nodes:
         parent = dirs[node.parent]
         target = parent / node.name
         try:
-            if node.kind == "dir":
-                target.mkdir()
-            elif node.kind == "file":
-                # O_EXCL: never opens what is there already (a FIFO would block).
-                fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW)
-                try:
-                    os.write(fd, b"tenant data")
-                finally:
-                    os.close(fd)
-            elif node.kind == "chain":
-                fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
-                try:
-                    name = node.name
-                    for _ in range(node.depth):
-                        os.mkdir(name, dir_fd=fd)
-                        child = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
-                        os.close(fd)
-                        fd = child
-                        name = "c"
-                finally:
-                    os.close(fd)
-            elif node.kind == "link_outside_dir":
-                target.symlink_to(outside)
-            elif node.kind == "link_outside_file":
-                target.symlink_to(outside / "keep")
-            elif node.kind == "link_outside_fifo":
-                target.symlink_to(outside / "fifo")
-            elif node.kind == "link_inside":
-                target.symlink_to(top)
-            elif node.kind == "dangling":
-                target.symlink_to(top / "no such entry")
-            elif node.kind == "fifo":
-                os.mkfifo(target)
-            elif node.kind == "socket":
-                if len(os.fsencode(target)) < 100:  # sun_path is short
-                    with socket.socket(socket.AF_UNIX) as sock:
-                        sock.bind(os.fspath(target))
-            elif node.kind == "hardlink_outside":
-                os.link(outside / "keep", target)
+            if node.kind in links:
+                target.symlink_to(links[node.kind])
+            else:
+                _make(node, parent, target, outside)
         except OSError as exc:
             if exc.errno not in _CLASH:
                 raise
