@@ -102,13 +102,9 @@ def main() -> int:
         f"loadavg={' '.join(f'{x:.2f}' for x in os.getloadavg())}, code={args.code}"
     )
     print(f"N={n}, least of {args.rounds} rounds, CPU ms:")
-    print(f"  tick                                  {tick * 1e3:8.2f}")
-    print(
-        f"  bare loop (list, lookup, pread, compare) {loop * 1e3:8.2f}  ({loop / tick:.2f}x the tick)"
-    )
-    print(
-        f"  preads alone                          {reads * 1e3:8.2f}  ({reads / tick:.2f}x the tick)"
-    )
+    print(f"  {'tick':42} {tick * 1e3:8.2f}")
+    for label, value in (("bare loop (list, lookup, pread, compare)", loop), ("preads", reads)):
+        print(f"  {label:42} {value * 1e3:8.2f}  ({value / tick:.2f}x the tick)")
     for fd in fds.values():
         os.close(fd)
     return 0
