@@ -21,6 +21,7 @@ import stat
 import struct
 import threading
 from collections.abc import Sequence
+from typing import Protocol, TypeVar
 
 from hami_trio._fs import file_kind
 from hami_trio.errors import CacheFileRejected
@@ -42,6 +43,16 @@ __all__ = ["PROBE_SLACK", "RegionHandle", "read_region_file"]
 #: :meth:`RegionHandle.read_probed` to check the size in that same ``pread``.  Real files end
 #: 33 (v1) or 1 (v0) bytes past their tail range; a few KiB bounds what one probe reads.
 PROBE_SLACK = 4096
+
+T = TypeVar("T", covariant=True)
+
+
+class _Decoder(Protocol[T]):
+    """A pure decoder's conversation: the first range, then each next range or the result."""
+
+    def start(self, size: int) -> tuple[int, int]: ...
+    def feed(self, data: bytes) -> tuple[int, int] | T: ...
+
 
 #: Guards every handle's descriptor against being closed under a pinned usage read.
 _LIFETIME = threading.Lock()
@@ -332,33 +343,7 @@ class RegionHandle:
             raise _io_rejection(self.display, "read", exc) from exc
 
     def _read(self, size: int, probe: bool) -> TickSnapshot:
-        # The decoder says which ranges to read (the tail, then the static head when due);
-        # every pread is checked to have returned the whole range.
-        decoder = self._decoder
-        self._probe_size = None
-        offset, length = decoder.start(size)
-        if offset + length >= size - PROBE_SLACK:
-            self._probe_size = size
-            if probe:
-                want = size - offset + 1
-                self.read_bytes += want
-                data = self._pread(want, offset)
-                if len(data) != want - 1:
-                    # Grown or shrunk since: decode afresh at the size it has now.
-                    return self._read(self.size(), False)
-                step = decoder.feed(data[:length])
-                if not isinstance(step, tuple):
-                    return step
-                offset, length = step
-        while True:
-            self.read_bytes += length
-            data = self._pread(length, offset)
-            if len(data) != length:
-                raise self._shrank(len(data), length, offset)
-            step = decoder.feed(data)
-            if not isinstance(step, tuple):
-                return step
-            offset, length = step
+        return self._decode(self._decoder, size, probe, tick=True)
 
     def read_usage(self) -> UsageSnapshot:
         """The usage read: the tail, then the head through the live slots (the loader rule
@@ -376,26 +361,43 @@ class RegionHandle:
         """
         try:
             size = self._usage_probe
-            return self._read_usage(self.size() if size is None else size, size is not None)
+            known = size is not None
+            return self._decode(self._usage, self.size() if size is None else size, known)
         except CacheFileRejected as exc:
             raise self._renamed(exc) from None
 
-    def _read_usage(self, size: int, probe: bool) -> UsageSnapshot:
-        decoder = self._usage
-        self._usage_probe = None
+    def _decode(self, decoder: _Decoder[T], size: int, probe: bool, *, tick: bool = False) -> T:
+        """One conversation with ``decoder`` (the tick's or the usage read's) at ``size``:
+        the ranges it names are read, each checked to have come back whole.
+
+        With ``probe`` the first range is read through one byte past ``size``: a file that
+        grew or shrank since is decoded afresh at the size it has now.  The size a next
+        probed read may check is kept per reader (``tick``: the tick's, which also counts
+        :attr:`read_bytes`; else the usage read's)."""
+        if tick:
+            self._probe_size = None
+        else:
+            self._usage_probe = None
         offset, length = decoder.start(size)
         if offset + length >= size - PROBE_SLACK:
-            self._usage_probe = size
+            if tick:
+                self._probe_size = size
+            else:
+                self._usage_probe = size
             if probe:
                 want = size - offset + 1
+                if tick:
+                    self.read_bytes += want
                 data = self._pread(want, offset)
                 if len(data) != want - 1:
-                    return self._read_usage(self.size(), False)
+                    return self._decode(decoder, self.size(), False, tick=tick)
                 step = decoder.feed(data[:length])
                 if not isinstance(step, tuple):
                     return step
                 offset, length = step
         while True:
+            if tick:
+                self.read_bytes += length
             data = self._pread(length, offset)
             if len(data) != length:
                 raise self._shrank(len(data), length, offset)

@@ -21,7 +21,7 @@ import struct
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from hami_trio.monitor.layout import (
     HEADER,
@@ -645,6 +645,19 @@ def _devices(sums: tuple[int, ...], static: StaticInfo) -> tuple[DeviceUsage, ..
     )
 
 
+def _wrong_length(want: int, data: bytes) -> NoReturn:
+    """A decoder was fed other than the range it asked for."""
+    if want < 0:
+        raise ValueError("no range was asked for: call start() first")
+    raise ValueError(f"asked for {want} bytes, got {len(data)}")
+
+
+def _refuse_header(size: int, header: bytes) -> NoReturn:
+    """A size no layout fits: the loader rule's rejection, naming what the header holds."""
+    classify(size, header)  # raises
+    raise AssertionError("classify accepted a size layout_for_size refused")
+
+
 class _Decoded:
     """What the last snapshot was derived from, to tell whether anything changed."""
 
@@ -784,14 +797,11 @@ class RegionDecoder:
             ValueError: ``data`` is not as long as the range asked for, or nothing was.
         """
         if len(data) != self._want:
-            if self._want < 0:
-                raise ValueError("no range was asked for: call start() first")
-            raise ValueError(f"asked for {self._want} bytes, got {len(data)}")
+            _wrong_length(self._want, data)
         layout = self._pending
         if layout is None:
             self._want = -1
-            classify(self._size, data)  # raises: no layout fits this size
-            raise AssertionError("classify accepted a size layout_for_size refused")
+            _refuse_header(self._size, data)
         tail = self._tail
         if tail is None:
             self._tail = data
@@ -1032,14 +1042,11 @@ class TickDecoder:
             ValueError: ``data`` is not as long as the range asked for, or nothing was.
         """
         if len(data) != self._want:
-            if self._want < 0:
-                raise ValueError("no range was asked for: call start() first")
-            raise ValueError(f"asked for {self._want} bytes, got {len(data)}")
+            _wrong_length(self._want, data)
         layout = self._pending
         if layout is None:
             self._want = -1
-            classify(self._size, data)  # raises: no layout fits this size
-            raise AssertionError("classify accepted a size layout_for_size refused")
+            _refuse_header(self._size, data)
         values = self._values
         if values is None:  # the tail
             # the refresh cycle runs on, whatever else made the head be read
