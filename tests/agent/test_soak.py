@@ -506,7 +506,11 @@ async def _soak(nursery: trio.Nursery, base: Path) -> None:
         text = await scrape()
         assert {p: samples(text, "hami_mig_device_info").get(p) for p in good} == want_mig
         assert tick_count(text) - ticks_before >= DURATION / 0.5 / 4
-        assert scrapes >= DURATION / 4  # a round does a churn pod, a scrape, a probe, ...
+        # A round is a churn pod, a scrape, a probe, an exchange and 0.3 s of sleep; under the
+        # flood a scrape may take seconds on a loaded 2-core machine (12 rounds in 60 s were
+        # seen in CI, under coverage): the floor says the soak really ran, the 5 s bound
+        # above says Prometheus was served.
+        assert scrapes >= DURATION / 8, (scrapes, scrape_seconds)
         assert exchanges == scrapes
 
         peak = memory_kib(agent.proc.pid)["VmHWM"]
