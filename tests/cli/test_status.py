@@ -127,9 +127,10 @@ def test_status_json_is_the_agents_document(
     status, body = http_get(port, "/debug/state?pod=pod-uid-1")
     served = json.loads(body)
     assert (status, printed["schema"]) == (200, SCHEMA)
-    for doc in (printed, served):  # taken a moment apart
+    for doc in (printed, served):  # taken a moment apart, each after its own usage read
         doc.pop("generated_at")
         doc["monitor"].pop("ticks")
+        assert isinstance(doc["monitor"].pop("usage_read_at"), float)
     assert printed == served, _differences(printed, served)
     assert [e["container"] for e in printed["containers"]] == ["main"]
 
