@@ -315,8 +315,9 @@ def _traced(read: Callable[[], Any]) -> tuple[Any, list[tuple[int, int]]]:
     real_pread = os.pread
 
     def traced_pread(fd: int, length: int, offset: int, /) -> bytes:
-        reads.append((length, offset))
-        return real_pread(fd, length, offset)
+        data = real_pread(fd, length, offset)
+        reads.append((len(data), offset))  # what came back: what the decoders may use
+        return data
 
     os.pread = traced_pread
     try:
@@ -329,11 +330,13 @@ def _traced(read: Callable[[], Any]) -> tuple[Any, list[tuple[int, int]]]:
 
 
 def _within(reads: list[tuple[int, int]], size: int) -> None:
-    for length, offset in reads:
-        assert offset >= 0, (length, offset)
-        # one byte past the end at most: the size probe (a read there returns nothing)
-        assert offset + length <= size + 1, f"read {length} bytes at {offset} of a {size}-byte file"
-        assert length <= _V1_SIZE + 1, f"read {length} bytes at once"
+    """Every byte a read returned lies inside the file.  (A size probe asks through one
+    byte past the size the reader knew, which may lie past the end of a file that shrank
+    since: the kernel returns what is there, and the short read is how the change is seen.)"""
+    for got, offset in reads:
+        assert offset >= 0, (got, offset)
+        assert offset + got <= size, f"read {got} bytes at {offset} of a {size}-byte file"
+        assert got <= _V1_SIZE + 1, f"read {got} bytes at once"
 
 
 def _tail_words(snapshot: Any) -> tuple[Any, ...]:
