@@ -55,9 +55,9 @@ def measure(n: int, liars: float) -> dict[str, float]:
 
     from hami_trio.agent.grants import pod_grants
     from hami_trio.monitor.feedback import observe
-    from hami_trio.monitor.lister import ContainerKey
     from hami_trio.monitor.scope import FeedbackScope
     from hami_trio.monitor.snapshot import UsageSnapshot, parse_region
+    from hami_trio.monitor.state import ContainerKey
     from hami_trio.pods.allocated import ALLOCATED_ANNOTATION
     from hami_trio.pods.source import PodInfo, StaticPodSource
     from hami_trio.testing.regions import RegionSpec, build_region

@@ -100,6 +100,7 @@ PURE_CORES = frozenset(
         "hami_trio.monitor.snapshot",
         "hami_trio.monitor.feedback",
         "hami_trio.monitor.insight",
+        "hami_trio.monitor.state",
         "hami_trio.allocation.constants",
         "hami_trio.allocation.response",
         "hami_trio.pods.source",

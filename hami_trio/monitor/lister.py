@@ -19,7 +19,6 @@ mapping per tick (:meth:`ContainerLister.containers`).  Rules and reasons: docs/
 
 from __future__ import annotations
 
-import enum
 import errno
 import logging
 import operator
@@ -28,9 +27,7 @@ import stat
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Generic, NamedTuple, TypeVar
 
 import trio
 
@@ -53,7 +50,15 @@ from hami_trio.monitor.remover import (
     TreeRemover,
     remove_queued,
 )
-from hami_trio.monitor.snapshot import TickSnapshot, UsageSnapshot, _constructor
+from hami_trio.monitor.snapshot import TickSnapshot
+from hami_trio.monitor.state import (
+    ContainerKey,
+    ContainerStatus,
+    Rejection,
+    TickState,
+    new_container_state,
+    parse_container_dirname,
+)
 from hami_trio.monitor.watch import DirectoryWatch
 from hami_trio.pods.source import PodSource
 
@@ -66,12 +71,7 @@ __all__ = [
     "MAX_DIR_ENTRIES",
     "MAX_STEP_WORK",
     "WORK_PER_CHECKPOINT",
-    "ContainerKey",
     "ContainerLister",
-    "ContainerState",
-    "ContainerStatus",
-    "Rejection",
-    "parse_container_dirname",
 ]
 
 logger = logging.getLogger(__name__)
@@ -131,80 +131,6 @@ class _Pending:
     def __init__(self, tracked: _Tracked, fd: int) -> None:
         self.tracked = tracked
         self.fd = fd
-
-
-class ContainerKey(NamedTuple):
-    """A container directory ``{pod_uid}_{container_name}``, split on the first ``_``."""
-
-    pod_uid: str
-    container_name: str
-
-    @property
-    def dirname(self) -> str:
-        """The directory name this key came from."""
-        return f"{self.pod_uid}_{self.container_name}"
-
-
-def parse_container_dirname(name: str) -> ContainerKey | None:
-    """Split a container directory name on the first ``_``.
-
-    Returns:
-        The key, or None when there is no ``_`` or either part is empty (HAMi's rule).
-    """
-    pod_uid, sep, container = name.partition("_")
-    if not sep or not pod_uid or not container:
-        return None
-    return ContainerKey(pod_uid, container)
-
-
-class ContainerStatus(enum.Enum):
-    """Where a container stands this tick."""
-
-    LOADED = "loaded"  # snapshot is set
-    NO_CACHE_FILE = "no_cache_file"  # directory exists, HAMi-core has not created the file yet
-    REJECTED = "rejected"  # rejection is set
-
-
-class Rejection(NamedTuple):
-    """Why a container's file was not used this tick."""
-
-    reason: RejectReason
-    message: str
-
-
-#: What a container state carries of its region: the tick's part or the usage read's.
-S = TypeVar("S", TickSnapshot, UsageSnapshot)
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerState(Generic[S]):
-    """One container as of the latest tick (``snapshot``: a
-    :class:`~hami_trio.monitor.snapshot.TickSnapshot`) or usage read (a
-    :class:`~hami_trio.monitor.snapshot.UsageSnapshot`).  Immutable; safe to share between
-    tasks and threads."""
-
-    key: ContainerKey
-    directory: str
-    cache_file: str | None
-    status: ContainerStatus
-    snapshot: S | None
-    rejection: Rejection | None
-
-    @property
-    def pod_uid(self) -> str:
-        """The pod UID from the directory name."""
-        return self.key.pod_uid
-
-    @property
-    def container_name(self) -> str:
-        """The container name from the directory name."""
-        return self.key.container_name
-
-
-#: ``ContainerState(*fields)``, faster (see snapshot's ``_constructor``); either kind.
-new_container_state: Callable[..., Any] = _constructor(ContainerState)
-#: A container as of the latest tick.
-TickState = ContainerState[TickSnapshot]
 
 
 class _Tracked:

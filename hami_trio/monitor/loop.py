@@ -35,7 +35,7 @@ from hami_trio.monitor.feedback import Write, observe
 from hami_trio.monitor.foreign import CLEAR_TICKS, ForeignWriterDetector
 from hami_trio.monitor.insight import BlockTracker
 from hami_trio.monitor.layout import ControlField, RejectReason
-from hami_trio.monitor.lister import ContainerKey, ContainerLister, TickState
+from hami_trio.monitor.lister import ContainerLister
 from hami_trio.monitor.liveness import in_host_pid_namespace, live_pids, pid_alive
 from hami_trio.monitor.miglock import (
     DEFAULT_MIG_LOCK_PATH,
@@ -46,6 +46,7 @@ from hami_trio.monitor.miglock import (
 )
 from hami_trio.monitor.scope import Claim, FeedbackScope, GrantsOf
 from hami_trio.monitor.snapshot import TickSnapshot, UsageSnapshot
+from hami_trio.monitor.state import ContainerKey, TickState
 from hami_trio.monitor.usage import EMPTY_TICK, EMPTY_USAGE, TickView, UsageReader, UsageView
 from hami_trio.monitor.watch import WATCH_FALLBACKS
 from hami_trio.pods.source import PodSource

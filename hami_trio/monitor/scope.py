@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from hami_trio.logs import RateLimiter
 from hami_trio.monitor.feedback import Grant, Observable, scoped, strays
-from hami_trio.monitor.lister import ContainerKey
+from hami_trio.monitor.state import ContainerKey
 from hami_trio.pods.source import PodInfo, PodSource
 
 __all__ = [

@@ -18,12 +18,10 @@ from hami_trio.monitor.lister import (
     CHECKPOINT_EVERY,
     INITIALISING_TICKS,
     MAX_DIR_ENTRIES,
-    ContainerKey,
     ContainerLister,
-    ContainerStatus,
-    parse_container_dirname,
 )
 from hami_trio.monitor.remover import Budget
+from hami_trio.monitor.state import ContainerKey, ContainerStatus, parse_container_dirname
 from hami_trio.pods.source import PodInfo, PodSource, StaticPodSource
 from hami_trio.testing.regions import RegionSpec, SimulatedWorkload, region_pieces, write_region
 

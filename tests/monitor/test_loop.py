@@ -25,8 +25,8 @@ from hami_trio.monitor import loop as loop_module
 from hami_trio.monitor import miglock
 from hami_trio.monitor.feedback import Write
 from hami_trio.monitor.layout import ControlField
-from hami_trio.monitor.lister import ContainerKey
 from hami_trio.monitor.loop import Monitor, MonitorConfig, serve_monitor
+from hami_trio.monitor.state import ContainerKey
 from hami_trio.pods.allocated import ALLOCATED_ANNOTATION
 from hami_trio.pods.source import PodInfo, StaticPodSource
 from hami_trio.testing.regions import RegionSpec, SimulatedWorkload, write_region

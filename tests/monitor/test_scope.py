@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from hami_trio.monitor.feedback import Grant, Observed, observe
-from hami_trio.monitor.lister import ContainerKey
 from hami_trio.monitor.scope import FeedbackScope, uuid_text
+from hami_trio.monitor.state import ContainerKey
 from hami_trio.pods.source import PodInfo, StaticPodSource
 
 
