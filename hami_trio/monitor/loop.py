@@ -525,8 +525,8 @@ class Monitor:
         view = await self._lister.update()
         self._metrics.watched.set(self._lister.watched_directories)
         self._metrics.unwatched.set(self._lister.unwatched_directories)
-        self._metrics.removals_pending.set(self._lister.removals_pending)
-        self._metrics.removal_oldest.set(self._lister.oldest_removal_age())
+        self._metrics.removals_pending.set(self._lister.removals.pending)
+        self._metrics.removal_oldest.set(self._lister.removals.oldest_age())
         snapshots: dict[ContainerKey, TickSnapshot] = {
             key: state.snapshot for key, state in view.items() if state.snapshot is not None
         }
@@ -715,7 +715,7 @@ class Monitor:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch.run)
-                nursery.start_soon(self._lister.serve_removals)
+                nursery.start_soon(self._lister.removals.serve)
                 next_tick = trio.current_time()
                 while not self._stopping():
                     if self._lock_present():

@@ -554,8 +554,8 @@ async def test_a_gone_pods_directory_loses_its_watch_before_removal(root: Path) 
     try:
         await made.update()
         assert made.watched_directories == 1  # the gone pod's was never read: expired
-        assert made.removals_pending == 1
-        while await made.remove_step():
+        assert made.removals.pending == 1
+        while await made.removals.step():
             pass
         assert not (root / "gone_c").exists()
         await made.update()
