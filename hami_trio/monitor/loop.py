@@ -22,10 +22,9 @@ import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from hami_trio._trio import raise_fd_limit
 from hami_trio.errors import ConfigError
@@ -34,12 +33,11 @@ from hami_trio.monitor.explain import Explainer
 from hami_trio.monitor.feedback import Write, observe
 from hami_trio.monitor.foreign import CLEAR_TICKS, ForeignWriterDetector
 from hami_trio.monitor.insight import BlockTracker
-from hami_trio.monitor.layout import ControlField, RejectReason
+from hami_trio.monitor.layout import ControlField
 from hami_trio.monitor.lister import ContainerLister
 from hami_trio.monitor.liveness import in_host_pid_namespace, live_pids, pid_alive
 from hami_trio.monitor.miglock import (
     DEFAULT_MIG_LOCK_PATH,
-    MIG_LOCK_REASONS,
     LockWatch,
     MigLockProblem,
     probe_mig_lock,
@@ -47,9 +45,12 @@ from hami_trio.monitor.miglock import (
 from hami_trio.monitor.scope import Claim, FeedbackScope, GrantsOf
 from hami_trio.monitor.snapshot import TickSnapshot, UsageSnapshot
 from hami_trio.monitor.state import ContainerKey, TickState
+from hami_trio.monitor.stats import MonitorCollector, MonitorStats
 from hami_trio.monitor.usage import EMPTY_TICK, EMPTY_USAGE, TickView, UsageReader, UsageView
-from hami_trio.monitor.watch import WATCH_FALLBACKS
 from hami_trio.pods.source import PodSource
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 __all__ = [
     "DEFAULT_INTERVAL",
@@ -67,7 +68,6 @@ DEFAULT_INTERVAL = 5.0
 DEFAULT_RESYNC_INTERVAL = 300.0
 HOOK_PATH_ENV = "HOOK_PATH"
 RESYNC_ENV = "HAMI_RESYNC_INTERVAL"
-_TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,153 +124,6 @@ def _batches(writes: Sequence[Write[K]], containers: int) -> list[Sequence[Write
     return batches
 
 
-class _SelfMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.tick = Histogram(
-            "hami_trio_monitor_tick_duration_seconds",
-            "Wall time of one monitor tick (refresh, Observe, write back).",
-            buckets=_TICK_BUCKETS,
-            registry=registry,
-        )
-        self.last_tick = Gauge(
-            "hami_trio_monitor_last_tick_timestamp_seconds",
-            "Unix time at which the latest monitor tick completed (0 before the first).",
-            registry=registry,
-        )
-        self.rejected = Counter(
-            "hami_trio_monitor_files_rejected_total",
-            "Times a container's .cache file started being rejected, by reason.",
-            ["reason"],
-            registry=registry,
-        )
-        self.paused = Gauge(
-            "hami_trio_monitor_mig_paused",
-            "1 while the MIG apply lock holds the feedback loop paused.",
-            registry=registry,
-        )
-        for reason in RejectReason:
-            self.rejected.labels(reason=reason.value)
-        self.mig_dir_unsafe = Gauge(
-            "hami_trio_monitor_mig_lock_dir_unsafe",
-            "1 while the MIG lock directory is refused as unsafe (not a directory of root or "
-            "the agent that only they can write to); MIG locks in it are ignored meanwhile.",
-            registry=registry,
-        )
-        self.mig_dir_refusals = Counter(
-            "hami_trio_monitor_mig_lock_refusals_total",
-            "Times the MIG lock directory started being refused as unsafe, by reason.",
-            ["reason"],
-            registry=registry,
-        )
-        for mig_reason in MIG_LOCK_REASONS:
-            self.mig_dir_refusals.labels(reason=mig_reason)
-        self.removals = Counter(
-            "hami_trio_monitor_removals_total",
-            "Removals of gone pods' container directories that ended, by outcome "
-            "(removed, failed: something was left behind).",
-            ["outcome"],
-            registry=registry,
-        )
-        for outcome in ("removed", "failed"):
-            self.removals.labels(outcome=outcome)
-        self.removals_pending = Gauge(
-            "hami_trio_monitor_removals_pending",
-            "Gone pods' container directories scheduled for removal and not yet removed, as "
-            "of the latest tick.",
-            registry=registry,
-        )
-        self.removal_oldest = Gauge(
-            "hami_trio_monitor_removal_oldest_pending_seconds",
-            "Seconds the longest-waiting pending removal has waited since it was scheduled "
-            "(0: none pending), as of the latest tick.",
-            registry=registry,
-        )
-        self.resync_interval = Gauge(
-            "hami_trio_monitor_resync_interval_seconds",
-            "How long a gone pod's directory is kept before it is scheduled for removal.",
-            registry=registry,
-        )
-        self.liveness = Gauge(
-            "hami_trio_monitor_process_liveness_checked",
-            "1 when the agent is in the host PID namespace and tells exited processes from "
-            "running ones (hami_trio_container_processes); 0: every set host PID counts as "
-            "running.",
-            registry=registry,
-        )
-        self.liveness_checks = Counter(
-            "hami_trio_monitor_process_liveness_checks_total",
-            "Host PIDs checked one by one for liveness (kill(pid, 0); at most 256 per tick).",
-            registry=registry,
-        )
-        self.liveness_listings = Counter(
-            "hami_trio_monitor_process_listings_total",
-            "Ticks that listed /proc once instead (more than 256 distinct host PIDs).",
-            registry=registry,
-        )
-        self.watched = Gauge(
-            "hami_trio_monitor_watched_directories",
-            "Container directories watched with inotify (a quiet one is read without an "
-            "lstat of its .cache file), as of the latest tick.",
-            registry=registry,
-        )
-        self.unwatched = Gauge(
-            "hami_trio_monitor_unwatched_directories",
-            "Containers of the latest tick with an open .cache file but no inotify watch "
-            "(watch cap, fs.inotify.max_user_watches used up, or no inotify): checked with "
-            "lstat every tick.",
-            registry=registry,
-        )
-        self.watch_fallbacks = Counter(
-            "hami_trio_monitor_watch_fallbacks_total",
-            "Ticks on which no container directory could rely on its inotify watch, so every "
-            "one was checked with lstat, by reason (overflow, flood, error, root).",
-            ["reason"],
-            registry=registry,
-        )
-        for watch_reason in WATCH_FALLBACKS:
-            self.watch_fallbacks.labels(reason=watch_reason)
-        self.foreign_writer = Gauge(
-            "hami_trio_monitor_foreign_writer",
-            "1 while another writer (HAMi's own vGPUmonitor during a cut-over) is changing "
-            "the regions' control words in ways neither this monitor nor HAMi-core explains.",
-            registry=registry,
-        )
-        self.foreign_writes = Counter(
-            "hami_trio_monitor_foreign_writes_total",
-            "Control words found holding a value neither this monitor's last write nor "
-            "HAMi-core explains (recent_kernel, utilization_switch).",
-            registry=registry,
-        )
-        self.no_descriptors = Counter(
-            "hami_trio_monitor_descriptors_exhausted_total",
-            "Monitor checks that could not get a file descriptor (EMFILE, ENFILE), by check: "
-            "mig_lock (the monitor pauses, regions untouched) or containers (the last view of "
-            "the directory or container is kept).",
-            ["check"],
-            registry=registry,
-        )
-        for check in ("mig_lock", "containers"):
-            self.no_descriptors.labels(check=check)
-        self.usage_read = Gauge(
-            "hami_trio_monitor_usage_read_timestamp_seconds",
-            "Unix time at which the latest usage read (memory, utilisation, processes of "
-            "every loaded container, made when /metrics, the debug view or status asks) "
-            "started; 0 before the first.",
-            registry=registry,
-        )
-        self.usage_reads = Counter(
-            "hami_trio_monitor_usage_reads_total",
-            "Usage reads made (at most one per freshness window and tick, however many ask).",
-            registry=registry,
-        )
-        self.usage_duration = Histogram(
-            "hami_trio_monitor_usage_read_duration_seconds",
-            "Wall time of one usage read (in a worker thread, off the event loop).",
-            buckets=_TICK_BUCKETS,
-            registry=registry,
-        )
-
-
 class Monitor:
     """The vGPU monitor: one lister, the feedback loop and the MIG pause.
 
@@ -295,27 +148,28 @@ class Monitor:
         self._config = config
         self._wall_clock = wall_clock
         self._last_tick_time: float | None = None
-        registry = registry if registry is not None else CollectorRegistry()
-        self._metrics = _SelfMetrics(registry)
-        self._scope = FeedbackScope(pod_source, grants, registry, clock=trio.current_time)
+        stats = self._stats = MonitorStats()
+        if registry is not None:
+            registry.register(MonitorCollector(stats))
+        self._scope = FeedbackScope(pod_source, grants, stats.strays, clock=trio.current_time)
         self._lister = ContainerLister(
             config.containers_dir,
             pod_source,
             resync_interval=config.resync_interval,
-            on_reject=lambda reason: self._metrics.rejected.labels(reason=reason).inc(),
+            on_reject=stats.count_rejected,
             wall_clock=wall_clock,
-            on_removal=lambda outcome: self._metrics.removals.labels(outcome=outcome).inc(),
-            on_watch_fallback=lambda why: self._metrics.watch_fallbacks.labels(reason=why).inc(),
-            on_no_descriptors=self._metrics.no_descriptors.labels(check="containers").inc,
+            on_removal=stats.count_removal,
+            on_watch_fallback=stats.count_watch_fallback,
+            on_no_descriptors=lambda: stats.count_no_descriptors("containers"),
         )
-        self._metrics.resync_interval.set(config.resync_interval)
+        stats.resync_interval = config.resync_interval
         self._watch = LockWatch(config.mig_lock_path, self._lock_changed)
         self._reader = UsageReader(
             _explainer(config),
-            on_reject=lambda reason: self._metrics.rejected.labels(reason=reason).inc(),
+            on_reject=stats.count_rejected_by_usage,
             wall_clock=wall_clock,
         )
-        self._metrics.liveness.set(1 if self.checks_liveness else 0)
+        stats.liveness = 1 if self.checks_liveness else 0
         self._blocks: BlockTracker[ContainerKey] = BlockTracker()
         # What the latest tick leaves for the usage read, and the latest usage read (each
         # replaced whole, never changed: safe to read from any thread).
@@ -385,13 +239,15 @@ class Monitor:
                 return view
             self._usage = view
             assert view.read_at is not None
-            self._metrics.usage_read.set(view.read_at)
-            self._metrics.usage_reads.inc()
-            self._metrics.usage_duration.observe(view.duration)
+            # Written only here, under the usage lock (one read at a time).
+            stats = self._stats
+            stats.usage_read = view.read_at
+            stats.usage_reads += 1
+            stats.usage_duration.observe(view.duration)
             if classifier.checks > checks:
-                self._metrics.liveness_checks.inc(classifier.checks - checks)
+                stats.liveness_checks += classifier.checks - checks
             if classifier.listings > listings:
-                self._metrics.liveness_listings.inc(classifier.listings - listings)
+                stats.liveness_listings += classifier.listings - listings
             return view
 
     async def read_usage(self, max_age: float | None = None) -> UsageView:
@@ -475,7 +331,7 @@ class Monitor:
         if probe.unchecked is not None:
             # A check that cannot run is never "no lock": paused, and the directory's last
             # verdict (safe or refused) stays as it was.
-            self._metrics.no_descriptors.labels(check="mig_lock").inc()
+            self._stats.count_no_descriptors("mig_lock")
             self._limiter.log(
                 logger,
                 logging.WARNING,
@@ -493,16 +349,16 @@ class Monitor:
         previous, self._mig_problem = self._mig_problem, problem
         if problem is None:
             if previous is not None:
-                self._metrics.mig_dir_unsafe.set(0)
+                self._stats.mig_dir_unsafe = 0
                 logger.info(
                     "MIG lock directory %s is safe again: MIG locks in it pause the monitor",
                     self._config.mig_lock_path.parent,
                     extra={"event": "mig_lock_dir_safe"},
                 )
             return
-        self._metrics.mig_dir_unsafe.set(1)
+        self._stats.mig_dir_unsafe = 1
         if previous is None or previous.reason != problem.reason:
-            self._metrics.mig_dir_refusals.labels(reason=problem.reason).inc()
+            self._stats.count_mig_refusal(problem.reason)
         muted = self._mig_limiter.check(problem.reason) is None
         if not muted or previous is None or previous.reason != problem.reason:
             logger.warning(
@@ -523,10 +379,11 @@ class Monitor:
         """
         started = time.perf_counter()
         view = await self._lister.update()
-        self._metrics.watched.set(self._lister.watched_directories)
-        self._metrics.unwatched.set(self._lister.unwatched_directories)
-        self._metrics.removals_pending.set(self._lister.removals.pending)
-        self._metrics.removal_oldest.set(self._lister.removals.oldest_age())
+        stats = self._stats
+        stats.watched = self._lister.watched_directories
+        stats.unwatched = self._lister.unwatched_directories
+        stats.removals_pending = self._lister.removals.pending
+        stats.removal_oldest = self._lister.removals.oldest_age()
         snapshots: dict[ContainerKey, TickSnapshot] = {
             key: state.snapshot for key, state in view.items() if state.snapshot is not None
         }
@@ -554,8 +411,8 @@ class Monitor:
         self._ticks += 1
         self._tick_view = TickView(self._ticks, view, self._lister.handles(), self._blocks.states())
         self._last_tick_time = self._wall_clock()
-        self._metrics.last_tick.set(self._last_tick_time)
-        self._metrics.tick.observe(time.perf_counter() - started)
+        stats.last_tick = self._last_tick_time
+        stats.tick.observe(time.perf_counter() - started)
         return written
 
     def _check_foreign(self, snapshots: Mapping[ContainerKey, TickSnapshot]) -> None:
@@ -564,10 +421,10 @@ class Monitor:
         was = self._foreign.active
         seen = self._foreign.check(snapshots)
         if seen:
-            self._metrics.foreign_writes.inc(len(seen))
+            self._stats.foreign_writes += len(seen)
         if self._foreign.active == was:
             return
-        self._metrics.foreign_writer.set(1 if self._foreign.active else 0)
+        self._stats.foreign_writer = 1 if self._foreign.active else 0
         if self._foreign.active:
             first = self._foreign.last_seen[0]
             logger.warning(
@@ -658,7 +515,7 @@ class Monitor:
         if paused == self._paused:
             return
         self._paused = paused
-        self._metrics.paused.set(1 if paused else 0)
+        self._stats.paused = 1 if paused else 0
         unchecked, self._paused_unchecked = self._paused_unchecked, self._lock_unchecked is not None
         if paused and self._lock_unchecked is not None:
             logger.warning(
