@@ -46,7 +46,7 @@ __all__ = [
     "uuid_text",
 ]
 
-logger = logging.getLogger("hami_trio.monitor.loop")
+logger = logging.getLogger(__name__)
 
 #: What the agent passes in: a pod -> its containers' grants (None: no usable allocation).
 GrantsOf = Callable[[PodInfo], Mapping[str, Grant] | None]
