@@ -70,7 +70,7 @@ __all__ = [
     "VGpuCollector",
 ]
 
-_log = logging.getLogger("hami_trio.monitor.metrics")  # the name in the logs (kept across moves)
+logger = logging.getLogger(__name__)
 
 #: Upstream's collector-wide ``zone`` label value.
 ZONE: Final = "vGPU"
@@ -936,7 +936,7 @@ class VGpuCollector(Collector):
         and warn (rate-limited per ``key``); other collectors of the agent use it too."""
         with self._errors_lock:
             self._errors[phase] += 1
-        self._warnings.log(_log, logging.WARNING, key, msg, *args)
+        self._warnings.log(logger, logging.WARNING, key, msg, *args)
 
     _failed = report_failure
 
@@ -1057,7 +1057,7 @@ class VGpuCollector(Collector):
             )
             if name is None:
                 self._warnings.log(
-                    _log,
+                    logger,
                     logging.WARNING,
                     ("mig-index", pod.uid),
                     "pod %s/%s: MIG allocation container index %d is out of range",

@@ -396,7 +396,7 @@ def test_mig_rows(caplog: pytest.LogCaptureFixture) -> None:
         mig_pod("uid-3", [allocation(1, 0)], labels={}),  # not HAMi's pod on this node
     ]
     mig = collector(FakeMonitor(), pods, legacy=True)
-    with caplog.at_level(logging.WARNING, logger="hami_trio.monitor.metrics"):
+    with caplog.at_level(logging.WARNING, logger="hami_trio.metrics.collector"):
         text = scrape(mig)
         text_again = scrape(mig)
     rows = samples(text, "hami_mig_device_info")
@@ -657,7 +657,7 @@ def test_a_failing_container_drops_only_its_own_rows(caplog: pytest.LogCaptureFi
     bad = fake_container("uid-2", "worker", FakeSnapshot(devices))  # type: ignore[arg-type]
     pods = [hami_pod(), hami_pod("uid-2", name="hostile")]
     mig = collector(FakeMonitor([bad, good]), pods, legacy=True)
-    with caplog.at_level(logging.WARNING, logger="hami_trio.monitor.metrics"):
+    with caplog.at_level(logging.WARNING, logger="hami_trio.metrics.collector"):
         text = scrape(mig)
         text_again = scrape(mig)
     for name in (
