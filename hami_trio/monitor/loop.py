@@ -130,7 +130,8 @@ class Monitor:
     Args:
         config: see :class:`MonitorConfig`.
         pod_source: the live pods (Kubernetes watch, or ``StaticPodSource``).
-        registry: where the self-metrics go (a private registry if None).
+        registry: where the self-metrics' collector is registered
+            (:class:`~hami_trio.monitor.stats.MonitorCollector`; None: not exported).
         wall_clock: Unix time for directory ages (tests inject one).
         grants: what each pod gives its containers, for the feedback
             (:mod:`hami_trio.monitor.scope`); None: the files alone count, as upstream.
@@ -635,7 +636,7 @@ async def serve_monitor(
     Args:
         config: the monitor's configuration.
         pod_source: the live pods.
-        registry: where the self-metrics go (None: a private registry).
+        registry: where the self-metrics go (None: not exported).
         task_status: receives the :class:`Monitor` after its first tick (or at once when
             paused by the MIG lock at start-up).
     """
