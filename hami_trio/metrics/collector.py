@@ -17,7 +17,8 @@ scrape's MIG rows (``pods``) or host families (``host``) - and, through
 :meth:`VGpuCollector.report_failure`, the pod collector's allocation rows (``allocated``) -
 counted in ``hami_trio_collector_errors_total{phase}``
 and logged at most once per :data:`WARNING_INTERVAL` per pod or container.  The collector
-depends only on the read-only view protocols below.  Every family and label: docs/metrics.md.
+depends only on the read-only view protocols below and the monitor's pure container values
+(:mod:`hami_trio.monitor.state`).  Every family and label: docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -42,11 +43,11 @@ from hami_trio.metrics.exportstate import (
     EXPORT_STATES,
     NODE_LABEL,
     ExportState,
-    RejectionView,
     export_state,
 )
 from hami_trio.metrics.exposition import FastCounter, FastGauge, render_labels
 from hami_trio.metrics.hostgpu import HostGpuSampler, host_gpu_families
+from hami_trio.monitor.state import ContainerState
 from hami_trio.pods.migalloc import (
     MIG_ALLOCATIONS_ANNOTATION,
     MigAllocation,
@@ -62,7 +63,6 @@ __all__ = [
     "WARNING_INTERVAL",
     "ZONE",
     "BuildInfoCollector",
-    "ContainerView",
     "DeviceView",
     "InsightView",
     "MonitorView",
@@ -70,7 +70,7 @@ __all__ = [
     "VGpuCollector",
 ]
 
-_log = logging.getLogger("hami_trio.monitor.metrics")  # the name in the logs (kept across moves)
+logger = logging.getLogger(__name__)
 
 #: Upstream's collector-wide ``zone`` label value.
 ZONE: Final = "vGPU"
@@ -85,7 +85,8 @@ _SIGN64: Final = 1 << 63
 
 
 # The read-only view of the monitor this collector needs (structural: the monitor's own
-# Monitor / ContainerState / UsageSnapshot / DeviceUsage / DeviceUUID classes satisfy it).
+# Monitor / UsageSnapshot / DeviceUsage / DeviceUUID classes satisfy it; its containers are
+# the monitor's own ContainerState values, read as they are).
 
 
 class UUIDView(Protocol):
@@ -129,24 +130,11 @@ class SnapshotView(Protocol):
     def last_kernel_time(self) -> int: ...
 
 
-class ContainerView(Protocol):
-    """One container directory as of the latest tick."""
-
-    @property
-    def pod_uid(self) -> str: ...
-    @property
-    def container_name(self) -> str: ...
-    @property
-    def snapshot(self) -> SnapshotView | None: ...
-    @property
-    def rejection(self) -> RejectionView | None: ...
-
-
 class UsageViewLike(Protocol):
     """One usage read of the monitor (:class:`~hami_trio.monitor.usage.UsageView`)."""
 
     @property
-    def containers(self) -> Mapping[Any, ContainerView]:
+    def containers(self) -> Mapping[Any, ContainerState[SnapshotView]]:
         """The latest tick's containers as of the read (immutable)."""
         ...
 
@@ -948,7 +936,7 @@ class VGpuCollector(Collector):
         and warn (rate-limited per ``key``); other collectors of the agent use it too."""
         with self._errors_lock:
             self._errors[phase] += 1
-        self._warnings.log(_log, logging.WARNING, key, msg, *args)
+        self._warnings.log(logger, logging.WARNING, key, msg, *args)
 
     _failed = report_failure
 
@@ -1069,7 +1057,7 @@ class VGpuCollector(Collector):
             )
             if name is None:
                 self._warnings.log(
-                    _log,
+                    logger,
                     logging.WARNING,
                     ("mig-index", pod.uid),
                     "pod %s/%s: MIG allocation container index %d is out of range",

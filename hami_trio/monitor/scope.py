@@ -31,11 +31,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
-
 from hami_trio.logs import RateLimiter
 from hami_trio.monitor.feedback import Grant, Observable, scoped, strays
-from hami_trio.monitor.lister import ContainerKey
+from hami_trio.monitor.state import ContainerKey
 from hami_trio.pods.source import PodInfo, PodSource
 
 __all__ = [
@@ -44,10 +42,11 @@ __all__ = [
     "FeedbackScope",
     "GrantsOf",
     "StrayReason",
+    "StrayStats",
     "uuid_text",
 ]
 
-logger = logging.getLogger("hami_trio.monitor.loop")
+logger = logging.getLogger(__name__)
 
 #: What the agent passes in: a pod -> its containers' grants (None: no usable allocation).
 GrantsOf = Callable[[PodInfo], Mapping[str, Grant] | None]
@@ -103,13 +102,30 @@ def _reasons(container: Observable, grant: Grant) -> tuple[StrayReason, ...]:
     return ("priority",) if priority else ()
 
 
+class StrayStats:
+    """The stray claims, counted by :class:`FeedbackScope` on the trio thread and read by
+    :class:`~hami_trio.monitor.stats.StrayCollector` at scrape time.
+
+    Attributes:
+        containers: per reason, the containers making such a claim as of the latest tick.
+        claims: per reason, the times a container started making one.
+    """
+
+    __slots__ = ("claims", "containers")
+
+    def __init__(self) -> None:
+        self.containers: dict[str, int] = dict.fromkeys(STRAY_REASONS, 0)
+        self.claims: dict[str, int] = dict.fromkeys(STRAY_REASONS, 0)
+
+
 class FeedbackScope:
     """The grants of the loaded containers and their stray claims (module docstring).
 
     Args:
         pods: the monitor's pod source.
         grants_of: the agent's reading of a pod; None: no grants (without Kubernetes).
-        registry: where ``hami_trio_monitor_stray_claim_containers`` and ``..._claims_total`` go.
+        stats: where the stray claims are counted (``hami_trio_monitor_stray_claim_containers``
+            and ``..._claims_total``, exported by :class:`~hami_trio.monitor.stats.StrayCollector`).
         clock: for the warnings' rate limit (``trio.current_time`` in the monitor).
     """
 
@@ -117,7 +133,7 @@ class FeedbackScope:
         self,
         pods: PodSource,
         grants_of: GrantsOf | None,
-        registry: CollectorRegistry,
+        stats: StrayStats,
         *,
         clock: Callable[[], float],
     ) -> None:
@@ -129,26 +145,7 @@ class FeedbackScope:
         self._grants: Mapping[ContainerKey, Grant] = {}
         self._flagged: dict[ContainerKey, tuple[StrayReason, ...]] = {}
         self._limiter = RateLimiter(_LOG_INTERVAL, max_keys=4096, clock=clock)
-        self._gauge = Gauge(
-            "hami_trio_monitor_stray_claim_containers",
-            "Containers whose .cache file claims a GPU UUID that their pod's allocation does "
-            "not list (uuid) or a priority other than their pod spec's (priority), as of the "
-            "latest tick; the feedback counts them as their pod says.",
-            ["reason"],
-            registry=registry,
-        )
-        self._started = Counter(
-            "hami_trio_monitor_stray_claims_total",
-            "Times a container's .cache file started claiming what its pod does not give it, "
-            "by reason (uuid, priority).",
-            ["reason"],
-            registry=registry,
-        )
-        for reason in STRAY_REASONS:
-            self._started.labels(reason=reason)
-        self._gauges = [(reason, self._gauge.labels(reason=reason)) for reason in STRAY_REASONS]
-        for _, gauge in self._gauges:
-            gauge.set(0)
+        self._stats = stats
 
     @property
     def enabled(self) -> bool:
@@ -217,10 +214,11 @@ class FeedbackScope:
             before = self._flagged.get(key, ())
             for reason in reasons:
                 if reason not in before:
-                    self._started.labels(reason=reason).inc()
+                    self._stats.claims[reason] += 1
                     self._warn(key, reason, container, grant)
-        for reason, gauge in self._gauges:
-            gauge.set(sum(1 for reasons in flagged.values() if reason in reasons))
+        making = self._stats.containers
+        for reason in STRAY_REASONS:
+            making[reason] = sum(1 for reasons in flagged.values() if reason in reasons)
         self._flagged = flagged
         self._grants = grants
         return changed

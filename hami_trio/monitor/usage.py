@@ -30,16 +30,16 @@ from hami_trio.logs import RateLimiter
 from hami_trio.monitor.explain import Explainer
 from hami_trio.monitor.insight import BlockState, ContainerInsight
 from hami_trio.monitor.layout import RejectReason
-from hami_trio.monitor.lister import (
+from hami_trio.monitor.region import RegionHandle
+from hami_trio.monitor.snapshot import UsageSnapshot
+from hami_trio.monitor.state import (
     ContainerKey,
-    ContainerState,
     ContainerStatus,
     Rejection,
     TickState,
+    UsageState,
     new_container_state,
 )
-from hami_trio.monitor.region import RegionHandle
-from hami_trio.monitor.snapshot import UsageSnapshot
 
 __all__ = [
     "EMPTY_TICK",
@@ -47,14 +47,11 @@ __all__ = [
     "YIELD_EVERY",
     "TickView",
     "UsageReader",
-    "UsageState",
     "UsageView",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: A container as of a usage read.
-UsageState = ContainerState[UsageSnapshot]
 #: Containers read between two offers of the interpreter lock to other threads (the event
 #: loop's above all): the read is Python, and a thread that waits for the lock otherwise
 #: gets it only every switch interval (5 ms), after each of its system calls.

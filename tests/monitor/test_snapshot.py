@@ -444,7 +444,7 @@ def test_sum_rows_without_equals_the_sums_of_the_other_slots(
 
 
 def test_the_lister_builds_its_states_as_the_class_does() -> None:
-    from hami_trio.monitor.lister import (
+    from hami_trio.monitor.state import (
         ContainerKey,
         ContainerState,
         ContainerStatus,
