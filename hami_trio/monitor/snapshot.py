@@ -28,6 +28,8 @@ from hami_trio.monitor.layout import (
     HEADER_SIZE,
     LAYOUTS,
     MAX_DEVICES,
+    TAIL_INDEX,
+    TAIL_MEMBERS,
     USED_FIELDS,
     UTIL_FIELDS,
     UUID_SIZE,
@@ -45,6 +47,7 @@ __all__ = [
     "RegionDecoder",
     "SlotTotals",
     "StaticInfo",
+    "TailValues",
     "TickDecoder",
     "TickSnapshot",
     "UUIDState",
@@ -62,8 +65,11 @@ __all__ = [
 
 _U64 = struct.Struct("<Q")
 _LIMITS = struct.Struct(f"<{MAX_DEVICES}Q")
-_TAIL_V0 = struct.Struct("<iiii")
-_TAIL_V1 = struct.Struct("<iiiiQ")
+#: A decoded tail (:func:`read_tail`): the value of each of ``TAIL_MEMBERS``, at its
+#: ``TAIL_INDEX``.  A plain tuple, read through the named positions (``_PROC_NUM``), not a
+#: ``NamedTuple``: making one per container per tick costs the tick's decode about a fifth.
+TailValues = tuple[int, ...]
+_PROC_NUM = TAIL_INDEX["proc_num"]
 _MASK64 = (1 << 64) - 1
 #: The magic's bytes: all the decoder compares of a v0 region's first bytes, whose next words
 #: are the lock's (``sm_init_flag``, ``owner_pid``); v1 adds major and minor (HEADER_SIZE).
@@ -192,9 +198,11 @@ class UsageSnapshot:
     device_processes: tuple[int, ...] = ()
 
 
-def _constructor(cls: type[Any]) -> Callable[..., Any]:
+def _constructor(cls: type[Any], *, tail: bool = False) -> Callable[..., Any]:
     """A faster equivalent of ``cls(*fields)`` for a frozen, slotted dataclass with no
-    ``__post_init__`` (the decoder builds a few per container per tick).
+    ``__post_init__`` (the decoder builds a few per container per tick).  With ``tail``, the
+    fields named as the tail's members come from one argument, a :data:`TailValues`, in the
+    place of the first of them: each is stored from the ``TAIL_INDEX`` of its own name.
 
     A frozen class refuses plain attribute stores, and its ``__init__`` goes through
     ``object.__setattr__`` by name for every field.  Instead, the object is made as an
@@ -214,8 +222,15 @@ def _constructor(cls: type[Any]) -> Callable[..., Any]:
         exec_body=lambda ns: ns.update({"__slots__": tuple(slots)}),
     )
     scope: dict[str, Any] = {"_new": object.__new__, "_twin": twin, "_cls": cls}
-    lines = [f"def make({', '.join(names)}):", "    self = _new(_twin)"]
-    lines += [f"    self.{name} = {name}" for name in names]
+    spread = set(TAIL_MEMBERS) if tail else set()
+    if not spread <= set(names):  # pragma: no cover - the snapshots have every tail member
+        raise TypeError(f"{cls.__name__} lacks tail fields {spread - set(names)}")
+    params = [name for name in names if name not in spread]
+    if spread:
+        params.insert(min(names.index(name) for name in spread), "_tail")
+    stores = {name: f"_tail[{TAIL_INDEX[name]}]" for name in spread}
+    lines = [f"def make({', '.join(params)}):", "    self = _new(_twin)"]
+    lines += [f"    self.{name} = {stores.get(name, name)}" for name in names]
     lines += ["    self.__class__ = _cls", "    return self"]
     exec("\n".join(lines), scope)  # our own field names only
     make: Callable[..., Any] = scope["make"]
@@ -223,27 +238,23 @@ def _constructor(cls: type[Any]) -> Callable[..., Any]:
 
 
 _new_device_usage: Callable[..., DeviceUsage] = _constructor(DeviceUsage)
-_new_usage_snapshot: Callable[..., UsageSnapshot] = _constructor(UsageSnapshot)
+# The snapshots take their tail fields from a TailValues: (format, major, minor, file_size,
+# device_count, tail, ...) - see _constructor.
+_new_usage_snapshot: Callable[..., UsageSnapshot] = _constructor(UsageSnapshot, tail=True)
 
 
-def read_tail(
-    layout: Layout, tail: bytes | bytearray | memoryview
-) -> tuple[int, int, int, int, int]:
-    """Decode the tail range of ``layout``.
-
-    Returns:
-        ``(proc_num, utilization_switch, recent_kernel, priority, last_kernel_time)``;
-        ``last_kernel_time`` is 0 for v0.
+def read_tail(layout: Layout, tail: bytes | bytearray | memoryview) -> TailValues:
+    """Decode the tail range of ``layout`` (``layout.tail_size`` bytes at its
+    ``tail_offset``): the value of each of ``TAIL_MEMBERS`` at its ``TAIL_INDEX``;
+    ``last_kernel_time`` is 0 for v0.
 
     Raises:
         ValueError: ``tail`` is shorter than ``layout.tail_size``.
     """
     if len(tail) < layout.tail_size:
         raise ValueError(f"tail needs {layout.tail_size} bytes, got {len(tail)}")
-    if layout.last_kernel_time is None:
-        proc_num, switch, recent, priority = _TAIL_V0.unpack_from(tail)
-        return proc_num, switch, recent, priority, 0
-    values: tuple[int, int, int, int, int] = _TAIL_V1.unpack_from(tail)
+    # a tuple plus () is the tuple itself (v1: no member absent)
+    values: TailValues = layout.tail_struct.unpack_from(tail) + layout.tail_absent
     return values
 
 
@@ -440,7 +451,7 @@ def parse_usage(
     if static is None:
         static = parse_static(layout, head)
     if totals is None:
-        totals = sum_slots(layout, head, clamp_proc_num(values[0]), static)
+        totals = sum_slots(layout, head, clamp_proc_num(values[_PROC_NUM]), static)
     return _snapshot(layout, file_size, head, values, static, totals)
 
 
@@ -448,7 +459,7 @@ def _snapshot(
     layout: Layout,
     file_size: int,
     head: bytes | bytearray | memoryview,
-    values: tuple[int, int, int, int, int],
+    values: TailValues,
     static: StaticInfo,
     totals: SlotTotals,
 ) -> UsageSnapshot:
@@ -469,26 +480,21 @@ def _new_snapshot(
     layout: Layout,
     file_size: int,
     version: tuple[int | None, int | None],
-    values: tuple[int, int, int, int, int],
+    values: TailValues,
     static: StaticInfo,
     devices: tuple[DeviceUsage, ...],
     totals: tuple[object, int, tuple[int, ...], tuple[int, ...], tuple[int, ...]],
 ) -> UsageSnapshot:
-    proc_num, switch, recent, priority, last_kernel = values
     _, active, pids, host_pids, busy = totals
-    # positional, in field order (see UsageSnapshot)
+    # positional, in field order (see UsageSnapshot), the tail's fields from the tail
     return _new_usage_snapshot(
         layout.format,
         version[0],
         version[1],
         file_size,
         static.device_count,
-        proc_num,
+        values,
         active,
-        priority,
-        recent,
-        switch,
-        last_kernel,
         devices,
         static.uuids,
         static.device_keys,
@@ -685,7 +691,7 @@ class _Decoded:
         header: bytes,
         static_bytes: bytes,
         tail: bytes,
-        values: tuple[int, int, int, int, int],
+        values: TailValues,
         head_size: int,
         layout: Layout,
         static: StaticInfo,
@@ -750,7 +756,7 @@ class RegionDecoder:
         self._size = 0
         self._pending: Layout | None = None
         self._tail: bytes | None = None
-        self._values: tuple[int, int, int, int, int] | None = None
+        self._values: TailValues | None = None
 
     @property
     def layout(self) -> Layout | None:
@@ -811,7 +817,7 @@ class RegionDecoder:
                 self._want = length = decoded.head_size
             else:
                 fed = self._values = read_tail(layout, data)
-                self._want = length = layout.body_size(clamp_proc_num(fed[0]))
+                self._want = length = layout.body_size(clamp_proc_num(fed[_PROC_NUM]))
             return (0, length)
         # the head: decode it (one method, not several: this runs per container per tick)
         values = self._values
@@ -830,7 +836,7 @@ class RegionDecoder:
             # may have moved: nothing is read from it); head is exactly the live slots long.
             static = decoded.static
             count = static.device_count
-            fields = _slot_fields(layout, head, clamp_proc_num(values[0]), count)
+            fields = _slot_fields(layout, head, clamp_proc_num(values[_PROC_NUM]), count)
             memory_key, other_key = _slots_key(fields[0]), _slots_key(fields[1])
             renew = tail != decoded.tail
             if memory_key != decoded.memory_key or other_key != decoded.other_key:
@@ -852,7 +858,7 @@ class RegionDecoder:
             self._layout = layout
             return decoded.snapshot
         layout = classify(size, head)
-        slots = clamp_proc_num(values[0])
+        slots = clamp_proc_num(values[_PROC_NUM])
         static = parse_static(layout, head)
         if decoded is not None and decoded.static == static:
             static = decoded.static  # keep the objects (and identities) the view already has
@@ -941,7 +947,7 @@ class TickSnapshot:
     device_keys: tuple[bytes, ...]
 
 
-_new_tick_snapshot: Callable[..., TickSnapshot] = _constructor(TickSnapshot)
+_new_tick_snapshot: Callable[..., TickSnapshot] = _constructor(TickSnapshot, tail=True)
 
 
 class TickDecoder:
@@ -969,8 +975,10 @@ class TickDecoder:
         "_every",
         "_kept_head",
         "_kept_static",
+        "_last",
         "_layout",
         "_pending",
+        "_published",
         "_size",
         "_snapshot",
         "_static",
@@ -993,10 +1001,13 @@ class TickDecoder:
         self._kept_head: tuple[bytes] | None = None
         self._kept_static: StaticInfo | None = None
         self._version: tuple[int | None, int | None] = (None, None)
+        # The tail bytes last read and what they decoded to; the tail the kept snapshot has.
         self._tail = b""
+        self._last: TailValues | None = None
+        self._published: TailValues | None = None
         self._snapshot: TickSnapshot | None = None
         self._pending: Layout | None = None
-        self._values: tuple[int, int, int, int, int] | None = None
+        self._values: TailValues | None = None
         self._want = -1
 
     @property
@@ -1058,12 +1069,12 @@ class TickDecoder:
                 assert snapshot is not None
                 return snapshot
             values = self._values = read_tail(layout, data)
-            old = self._tail
-            self._tail = data
+            last = self._last
+            self._tail, self._last = data, values
             if (
                 self._static is None
                 or not age
-                or (len(old) >= 4 and (values[0] == 0) != (old[:4] == b"\0\0\0\0"))
+                or (last is not None and (values[_PROC_NUM] == 0) != (last[_PROC_NUM] == 0))
             ):
                 self._static = None
                 self._want = layout.procs
@@ -1086,20 +1097,15 @@ class TickDecoder:
         self._version = _version(layout, data)
         return self._publish(layout, values)
 
-    def _publish(self, layout: Layout, values: tuple[int, int, int, int, int]) -> TickSnapshot:
+    def _publish(self, layout: Layout, values: TailValues) -> TickSnapshot:
         static = self._static
         assert static is not None
         self._values = None
         self._layout = layout
-        proc_num, switch, recent, priority, last_kernel = values
         kept = self._snapshot
         if (
             kept is not None
-            and kept.recent_kernel == recent
-            and kept.utilization_switch == switch
-            and kept.priority == priority
-            and kept.proc_num == proc_num
-            and kept.last_kernel_time == last_kernel
+            and self._published == values
             and kept.file_size == self._size
             and kept.device_keys is static.device_keys
             and kept.device_count == static.device_count
@@ -1108,18 +1114,15 @@ class TickDecoder:
         ):
             return kept
         major, minor = self._version
-        # positional, in field order (see TickSnapshot)
+        self._published = values
+        # positional, in field order (see TickSnapshot), the tail's fields from the tail
         snapshot = self._snapshot = _new_tick_snapshot(
             layout.format,
             major,
             minor,
             self._size,
             static.device_count,
-            proc_num,
-            priority,
-            recent,
-            switch,
-            last_kernel,
+            values,
             static.uuids,
             static.device_keys,
         )

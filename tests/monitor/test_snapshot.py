@@ -22,6 +22,8 @@ from hami_trio.errors import CacheFileRejected
 from hami_trio.monitor.layout import (
     LAYOUTS,
     MAGIC,
+    TAIL_INDEX,
+    TAIL_MEMBERS,
     Format,
     RejectReason,
     layout_for_size,
@@ -29,11 +31,15 @@ from hami_trio.monitor.layout import (
 from hami_trio.monitor.snapshot import (
     DeviceUsage,
     RegionDecoder,
+    TickDecoder,
+    TickSnapshot,
     UsageSnapshot,
     _new_device_usage,
+    _new_tick_snapshot,
     _new_usage_snapshot,
     parse_region,
     parse_static,
+    read_tail,
     slot_rows,
     sum_rows,
     sum_rows_without,
@@ -156,6 +162,27 @@ def test_bytes_of_the_wrong_length_or_out_of_turn_are_an_error() -> None:
     with pytest.raises(ValueError, match="call start"):
         decoder.feed(bytes(data[offset : offset + length]))
     assert decode(decoder, data) is snapshot
+
+
+@pytest.mark.parametrize("fmt", list(Format))
+def test_the_tail_is_read_member_by_member_at_the_table_offsets(fmt: Format) -> None:
+    layout = LAYOUTS[fmt]
+    data = bytearray(layout.tail_size)
+    wanted = {}
+    for value, name in enumerate(TAIL_MEMBERS, start=-2):
+        spot = layout.field(name)
+        if spot is None:  # v0 has no last_kernel_time: it reads as 0
+            wanted[name] = 0
+            continue
+        offset, size = spot
+        at = offset - layout.tail_offset
+        wanted[name] = value << 8 * (size - 1) if size == 8 else value
+        data[at : at + size] = wanted[name].to_bytes(size, "little", signed=size == 4)
+    got = read_tail(layout, data)
+    assert {name: got[TAIL_INDEX[name]] for name in TAIL_MEMBERS} == wanted
+    assert len(got) == len(TAIL_MEMBERS)
+    with pytest.raises(ValueError, match=f"^tail needs {layout.tail_size} bytes, got 3$"):
+        read_tail(layout, data[:3])
 
 
 # -- change detection ----------------------------------------------------------------------
@@ -349,14 +376,26 @@ def test_sums_wrap_at_64_bits_and_a_dead_slot_between_live_ones_is_left_out() ->
 def test_the_fast_constructors_build_what_the_classes_build() -> None:
     # The decoder builds its objects through a twin class (then switches their class); they
     # must be the very objects the dataclass constructors make: equal, hashable alike,
-    # frozen, all fields.
-    snapshot = parse_region(region())
-    for cls, make, obj in (
-        (UsageSnapshot, _new_usage_snapshot, snapshot),
-        (DeviceUsage, _new_device_usage, snapshot.devices[0]),
+    # frozen, all fields.  The snapshots take the tail's fields as one tuple (in TAIL_MEMBERS'
+    # order), in the place of the first of them.
+    data = region()
+    snapshot = parse_region(data)
+    tick = TickDecoder()
+    step: tuple[int, int] | TickSnapshot = tick.start(len(data))
+    while isinstance(step, tuple):
+        step = tick.feed(bytes(data[step[0] : step[0] + step[1]]))
+    for cls, make, obj, spread in (
+        (UsageSnapshot, _new_usage_snapshot, snapshot, True),
+        (TickSnapshot, _new_tick_snapshot, step, True),
+        (DeviceUsage, _new_device_usage, snapshot.devices[0], False),
     ):
         values = [getattr(obj, f.name) for f in dataclasses.fields(cls)]
-        made = make(*values)
+        names = [f.name for f in dataclasses.fields(cls)]
+        args = [getattr(obj, name) for name in names if not spread or name not in TAIL_MEMBERS]
+        if spread:
+            first = min(names.index(name) for name in TAIL_MEMBERS)
+            args.insert(first, tuple(getattr(obj, name) for name in TAIL_MEMBERS))
+        made = make(*args)
         assert type(made) is cls
         assert made == cls(*values) == obj
         assert hash(made) == hash(obj)
