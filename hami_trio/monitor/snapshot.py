@@ -19,9 +19,10 @@ import itertools
 import operator
 import struct
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from types import MappingProxyType
+from typing import Any, NamedTuple, NoReturn
 
 from hami_trio.monitor.layout import (
     HEADER,
@@ -41,6 +42,7 @@ from hami_trio.monitor.layout import (
 )
 
 __all__ = [
+    "DEVICE_SUMS",
     "STATIC_REFRESH_TICKS",
     "DeviceUUID",
     "DeviceUsage",
@@ -70,6 +72,7 @@ _LIMITS = struct.Struct(f"<{MAX_DEVICES}Q")
 #: ``NamedTuple``: making one per container per tick costs the tick's decode about a fifth.
 TailValues = tuple[int, ...]
 _PROC_NUM = TAIL_INDEX["proc_num"]
+_tuple_new = tuple.__new__
 _MASK64 = (1 << 64) - 1
 #: The magic's bytes: all the decoder compares of a v0 region's first bytes, whose next words
 #: are the lock's (``sm_init_flag``, ``owner_pid``); v1 adds major and minor (HEADER_SIZE).
@@ -296,6 +299,117 @@ class SlotTotals:
     device_processes: tuple[int, ...] = ()
 
 
+#: Each per-device sum of :class:`DeviceUsage` and the process-slot member it adds up over
+#: the live slots: a member of ``used[]`` (``USED_FIELDS``) or of ``device_util[]``
+#: (``UTIL_FIELDS``).  The slots are read for these members (and ``pid``, ``hostpid``,
+#: ``status``) only; ``total`` and ``sm_util`` also say which devices a slot uses.
+DEVICE_SUMS: Mapping[str, str] = MappingProxyType(
+    {
+        "memory_total": "total",
+        "context_size": "context_size",
+        "module_size": "module_size",
+        "buffer_size": "data_size",
+        "offset": "offset",
+        "sm_util": "sm_util",
+    }
+)
+#: The summed fields in :class:`DeviceUsage`'s order (they follow its first four fields).
+_SUMMED = tuple(f.name for f in dataclasses.fields(DeviceUsage))[4:]
+if set(_SUMMED) != set(DEVICE_SUMS) or not {"total", "sm_util"} <= set(DEVICE_SUMS.values()):
+    raise AssertionError(f"DEVICE_SUMS {dict(DEVICE_SUMS)} does not fit DeviceUsage {_SUMMED}")
+
+
+@dataclass(frozen=True, slots=True)
+class _SlotPlan:
+    """Where each slot member the monitor reads lands, by name, for one format and device
+    count: :func:`_slot_fields` unpacks the slots into two flat tuples, slot after slot -
+    ``memory`` (the ``used[]`` members of :data:`DEVICE_SUMS`, device after device) and
+    ``other`` (``pid``, ``hostpid``, the ``device_util[]`` members of every device,
+    ``status``) - and :func:`_flat_totals` sums their columns into ``sums`` (every memory
+    column, then ``util_columns``).  Built from one list of named picks per part (in offset
+    order), so the ``struct`` formats and the columns cannot disagree."""
+
+    formats: tuple[str, str]  # one slot's struct formats: memory, other
+    devices: range  # range(device count)
+    memory_width: int  # memory fields per slot
+    other_width: int  # other fields per slot
+    pid: int  # columns of the other part
+    hostpid: int
+    status: int
+    util_columns: tuple[int, ...]  # the other part's summed columns
+    total: tuple[int, ...]  # per device: its ``total`` column in the memory part
+    sm_util: tuple[int, ...]  # per device: its ``sm_util`` column in the other part
+    device_sums: tuple[Callable[[tuple[int, ...]], tuple[int, ...]], ...]  # per device:
+    # its DeviceUsage sums from ``sums``, in the class's field order
+    zero_sums: tuple[int, ...]  # ``sums`` of no live slot
+    zero_busy: tuple[int, ...]
+
+
+@functools.lru_cache(maxsize=2 * (MAX_DEVICES + 1))
+def _slot_plan(fmt: Format, device_count: int) -> _SlotPlan:
+    layout = LAYOUTS[fmt]
+    devices = range(device_count)
+    summed = set(DEVICE_SUMS.values())
+    used = sorted(summed & USED_FIELDS.keys(), key=USED_FIELDS.__getitem__)
+    util = sorted(summed & UTIL_FIELDS.keys(), key=UTIL_FIELDS.__getitem__)
+    # (offset in the slot, struct code, (member, device)), in ascending offset order
+    Pick = tuple[int, str, tuple[str, int]]
+    memory: list[Pick] = [
+        (layout.slot_used + d * layout.used_stride + USED_FIELDS[m], "Q", (m, d))
+        for d in devices
+        for m in used
+    ]
+    utils: list[Pick] = [
+        (layout.slot_util + d * layout.util_stride + UTIL_FIELDS[m], "Q", (m, d))
+        for d in devices
+        for m in util
+    ]
+    whole = -1  # the "device" of a member of the whole slot
+    other: list[Pick] = [
+        (layout.slot_pid, "i", ("pid", whole)),
+        (layout.slot_hostpid, "i", ("hostpid", whole)),
+        *utils,
+        (layout.slot_status, "i", ("status", whole)),
+    ]
+    memory_at = {key: i for i, (_, _, key) in enumerate(memory)}
+    other_at = {key: i for i, (_, _, key) in enumerate(other)}
+    util_columns = tuple(other_at[key] for _, _, key in utils)
+    in_sums = {**memory_at, **{key: len(memory) + i for i, (_, _, key) in enumerate(utils)}}
+    return _SlotPlan(
+        formats=(
+            _slot_format(layout, [(offset, code) for offset, code, _ in memory]),
+            _slot_format(layout, [(offset, code) for offset, code, _ in other]),
+        ),
+        devices=devices,
+        memory_width=len(memory),
+        other_width=len(other),
+        pid=other_at[("pid", whole)],
+        hostpid=other_at[("hostpid", whole)],
+        status=other_at[("status", whole)],
+        util_columns=util_columns,
+        total=tuple(memory_at[("total", d)] for d in devices),
+        sm_util=tuple(other_at[("sm_util", d)] for d in devices),
+        device_sums=tuple(
+            operator.itemgetter(*[in_sums[(DEVICE_SUMS[name], d)] for name in _SUMMED])
+            for d in devices
+        ),
+        zero_sums=(0,) * (len(memory) + len(utils)),
+        zero_busy=(0,) * device_count,
+    )
+
+
+def _slot_format(layout: Layout, picks: list[tuple[int, str]]) -> str:
+    """A ``struct`` format (no byte-order prefix) spanning exactly one slot that reads the
+    ``(offset, code)`` picks, which must be in ascending order, and skips the rest."""
+    fmt, pos = "", 0
+    for offset, code in picks:
+        if offset < pos:  # pragma: no cover - the layouts put these in ascending order
+            raise AssertionError(f"{layout.name} slot fields out of order at {offset}")
+        fmt += f"{offset - pos}x{code}" if offset > pos else code
+        pos = offset + struct.calcsize(code)
+    return fmt + f"{layout.slot_size - pos}x"
+
+
 # (format, device_count) -> slot struct; at most 2 x 17 entries.
 _SLOT_STRUCTS: dict[tuple[Format, int], struct.Struct] = {}
 
@@ -336,18 +450,6 @@ def _sm_picks(layout: Layout, device_count: int) -> list[tuple[int, str]]:
         (layout.slot_util + d * layout.util_stride + UTIL_FIELDS["sm_util"], "Q")
         for d in range(device_count)
     ]
-
-
-def _slot_format(layout: Layout, picks: list[tuple[int, str]]) -> str:
-    """A ``struct`` format (no byte-order prefix) spanning exactly one slot that reads the
-    ``(offset, code)`` picks, which must be in ascending order, and skips the rest."""
-    fmt, pos = "", 0
-    for offset, code in picks:
-        if offset < pos:  # pragma: no cover - the layouts put these in ascending order
-            raise AssertionError(f"{layout.name} slot fields out of order at {offset}")
-        fmt += f"{offset - pos}x{code}" if offset > pos else code
-        pos = offset + struct.calcsize(code)
-    return fmt + f"{layout.slot_size - pos}x"
 
 
 def slot_rows(
@@ -465,7 +567,13 @@ def _snapshot(
 ) -> UsageSnapshot:
     parts = (totals.active_slots, totals.pids, totals.host_pids, totals.device_processes)
     return _new_snapshot(
-        layout, file_size, _version(layout, head), values, static, totals.devices, ((), *parts)
+        layout,
+        file_size,
+        _version(layout, head),
+        values,
+        static,
+        totals.devices,
+        _tuple_new(_Totals, ((), *parts)),
     )
 
 
@@ -483,9 +591,8 @@ def _new_snapshot(
     values: TailValues,
     static: StaticInfo,
     devices: tuple[DeviceUsage, ...],
-    totals: tuple[object, int, tuple[int, ...], tuple[int, ...], tuple[int, ...]],
+    totals: _Totals,
 ) -> UsageSnapshot:
-    _, active, pids, host_pids, busy = totals
     # positional, in field order (see UsageSnapshot), the tail's fields from the tail
     return _new_usage_snapshot(
         layout.format,
@@ -494,20 +601,25 @@ def _new_snapshot(
         file_size,
         static.device_count,
         values,
-        active,
+        totals.active_slots,
         devices,
         static.uuids,
         static.device_keys,
-        pids,
-        host_pids,
-        busy,
+        totals.pids,
+        totals.host_pids,
+        totals.device_processes,
     )
 
 
-# What the live slots add up to (:func:`sum_rows` without the objects): per-device sums
-# (context, module, data, offset, total per device, then sm_util per device, uint64,
-# wrapping), live slots, their pids and host pids, and per device the live slots using it.
-_Totals = tuple[tuple[int, ...], int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+class _Totals(NamedTuple):
+    """What the live slots add up to (:class:`SlotTotals` without the device objects).
+    Made with ``_tuple_new(_Totals, values)``: no Python ``__new__`` per decode."""
+
+    sums: tuple[int, ...]  # uint64, wrapping; where each is: _SlotPlan
+    active_slots: int
+    pids: tuple[int, ...]
+    host_pids: tuple[int, ...]
+    device_processes: tuple[int, ...]  # per device, the live slots using it
 
 
 #: The slots of a region are unpacked with one ``struct`` call when they hold at most this
@@ -523,41 +635,27 @@ FLAT_STRUCTS = 64
 def _flat_structs(fmt: Format, device_count: int, slots: int) -> tuple[struct.Struct, ...]:
     """The two ``struct`` s of :func:`_slot_fields` over ``slots`` consecutive slots (one
     slot's picks repeated ``slots`` times), so one ``unpack_from`` each gives them all."""
-    return tuple(struct.Struct("<" + one * slots) for one in _part_formats(fmt, device_count))
-
-
-@functools.lru_cache(maxsize=2 * (MAX_DEVICES + 1))
-def _part_formats(fmt: Format, device_count: int) -> tuple[str, str]:
-    """One slot's formats: the memory words of every device; pid, hostpid, ``sm_util`` of
-    every device and status."""
-    layout = LAYOUTS[fmt]
-    other = [(layout.slot_pid, "i"), (layout.slot_hostpid, "i")]
-    other += _sm_picks(layout, device_count)
-    other.append((layout.slot_status, "i"))
-    return (
-        _slot_format(layout, _memory_picks(layout, device_count)),
-        _slot_format(layout, other),
-    )
+    return tuple(struct.Struct("<" + one * slots) for one in _slot_plan(fmt, device_count).formats)
 
 
 _Fields = tuple[tuple[int, ...], tuple[int, ...]]
 
 
 def _slot_fields(
-    layout: Layout, head: bytes | bytearray | memoryview, slots: int, device_count: int
+    layout: Layout, head: bytes | bytearray | memoryview, slots: int, plan: _SlotPlan
 ) -> _Fields:
     """The fields the monitor uses from slots ``[0, slots)`` of ``head``, in two flat tuples,
-    slot after slot: the memory words (``5 * device_count`` per slot: context, module, data,
-    offset, total of each device) and the rest (``3 + device_count`` per slot: pid, hostpid,
-    ``sm_util`` of each device, status).  Apart because memory moves far less often than
-    utilisation: unchanged memory words keep their sums.  One ``struct`` call each for a few
-    slots (the usual case), ``iter_unpack`` for many."""
-    if slots * (3 + 6 * device_count) <= FLAT_FIELDS:
-        memory, other = _flat_structs(layout.format, device_count, slots)
+    slot after slot, as ``plan`` (of this layout) lays them out: the memory words and the
+    rest.  Apart because memory moves far less often than utilisation: unchanged memory
+    words keep their sums.  One ``struct`` call each for a few slots (the usual case),
+    ``iter_unpack`` for many."""
+    count = len(plan.total)
+    if slots * (plan.memory_width + plan.other_width) <= FLAT_FIELDS:
+        memory, other = _flat_structs(layout.format, count, slots)
         return memory.unpack_from(head, layout.procs), other.unpack_from(head, layout.procs)
     body = memoryview(head)[layout.procs : layout.body_size(slots)]
     chain = itertools.chain.from_iterable
-    memory, other = _flat_structs(layout.format, device_count, 1)  # one slot each
+    memory, other = _flat_structs(layout.format, count, 1)  # one slot each
     return tuple(chain(memory.iter_unpack(body))), tuple(chain(other.iter_unpack(body)))
 
 
@@ -576,7 +674,7 @@ def _slots_key(flat: tuple[int, ...]) -> tuple[int, int]:
 _MemoryTotals = tuple[tuple[int, ...], tuple[bool, ...]]
 
 
-def _column_sums(flat: tuple[int, ...], starts: range, width: int) -> tuple[int, ...]:
+def _column_sums(flat: tuple[int, ...], starts: Iterable[int], width: int) -> tuple[int, ...]:
     """The sums (uint64, wrapping) of the columns at ``starts`` of slots laid out flat,
     ``width`` fields each: a slice per column, summed in C."""
     sums = tuple([sum(flat[k::width]) for k in starts])
@@ -585,68 +683,67 @@ def _column_sums(flat: tuple[int, ...], starts: range, width: int) -> tuple[int,
     return sums
 
 
+def _only(fields: _Fields, plan: _SlotPlan, slots: list[int]) -> _Fields:
+    """The fields of ``slots`` (indices, ascending) alone."""
+    memory, other = fields
+    words, width = plan.memory_width, plan.other_width
+    chain = itertools.chain.from_iterable
+    return (
+        tuple(chain([memory[i * words : (i + 1) * words] for i in slots])),
+        tuple(chain([other[i * width : (i + 1) * width] for i in slots])),
+    )
+
+
 def _flat_totals(
-    fields: _Fields, device_count: int, memory_totals: _MemoryTotals | None = None
+    fields: _Fields, plan: _SlotPlan, memory_totals: _MemoryTotals | None = None
 ) -> tuple[_Totals, _MemoryTotals | None]:
-    """What the slots of :func:`_slot_fields` add up to (see ``_Totals``): each column is a
-    slice of a flat tuple, summed in C; no tuple per slot.
+    """What the slots of :func:`_slot_fields` add up to: each column is a slice of a flat
+    tuple, summed in C; no tuple per slot.
 
     ``memory_totals`` are those of the same memory words when the caller knows them
     unchanged (used only while every slot is live).  Returns the totals and the memory part
     to keep (None when some slot is not live: it depends on which)."""
-    memory, other = fields
-    width, words = 3 + device_count, 5 * device_count
-    status = other[width - 1 :: width]
+    width, words = plan.other_width, plan.memory_width
+    status = fields[1][plan.status :: width]
     every_slot_live = 0 not in status
     if not every_slot_live:  # exited slots between live ones: leave them out
-        live_slots = [i for i, word in enumerate(status) if word]
-        chain = itertools.chain.from_iterable
-        other = tuple(chain([other[i * width : (i + 1) * width] for i in live_slots]))
-        memory = tuple(chain([memory[i * words : (i + 1) * words] for i in live_slots]))
+        fields = _only(fields, plan, [i for i, word in enumerate(status) if word])
         memory_totals = None
+    memory, other = fields
     live = len(other) // width
     if not live:
-        return ((0,) * (6 * device_count), 0, (), (), (0,) * device_count), None
+        return _tuple_new(_Totals, (plan.zero_sums, 0, (), (), plan.zero_busy)), None
     if memory_totals is None:
         sums = _column_sums(memory, range(words), words)
         # a device every live slot has memory on is used by all of them (the usual case)
-        idle = tuple([0 in memory[5 * d + 4 :: words] for d in range(device_count)])
+        idle = tuple([0 in memory[total::words] for total in plan.total])
         memory_totals = (sums, idle)
     sums, idle = memory_totals
-    sm = _column_sums(other, range(2, 2 + device_count), width)
+    util = _column_sums(other, plan.util_columns, width)
+    total, sm_util = plan.total, plan.sm_util
     busy = tuple(
         [
             live
             if not idle[d]
             else live
-            - list(map(operator.or_, memory[5 * d + 4 :: words], other[2 + d :: width])).count(0)
-            for d in range(device_count)
+            - list(map(operator.or_, memory[total[d] :: words], other[sm_util[d] :: width])).count(
+                0
+            )
+            for d in plan.devices
         ]
     )
-    totals = (sums + sm, live, other[0::width], other[1::width], busy)
+    pids, host_pids = other[plan.pid :: width], other[plan.hostpid :: width]
+    totals = _tuple_new(_Totals, (sums + util, live, pids, host_pids, busy))
     return totals, memory_totals if every_slot_live else None
 
 
-def _devices(sums: tuple[int, ...], static: StaticInfo) -> tuple[DeviceUsage, ...]:
-    count = static.device_count
+def _devices(sums: tuple[int, ...], static: StaticInfo, plan: _SlotPlan) -> tuple[DeviceUsage, ...]:
     uuids, limits, sm_limits = static.uuids, static.limits, static.sm_limits
-    sm_base = 5 * count
-    # sums[5d:5d+5] are context, module, data, offset, total; sums[sm_base + d] is sm_util
+    # positional: index, uuid, memory_limit, sm_limit, then the sums in the class's order
     return tuple(
         [
-            _new_device_usage(
-                d,
-                uuids[d],
-                limits[d],
-                sm_limits[d],
-                sums[5 * d + 4],
-                sums[5 * d],
-                sums[5 * d + 1],
-                sums[5 * d + 2],
-                sums[5 * d + 3],
-                sums[sm_base + d],
-            )
-            for d in range(count)
+            _new_device_usage(d, uuids[d], limits[d], sm_limits[d], *device_sums(sums))
+            for d, device_sums in enumerate(plan.device_sums)
         ]
     )
 
@@ -675,6 +772,7 @@ class _Decoded:
         "memory_key",
         "memory_totals",
         "other_key",
+        "plan",
         "size",
         "snapshot",
         "static",
@@ -695,6 +793,7 @@ class _Decoded:
         head_size: int,
         layout: Layout,
         static: StaticInfo,
+        plan: _SlotPlan,
         keys: tuple[tuple[int, int], tuple[int, int]],
         memory_totals: _MemoryTotals | None,
         totals: _Totals,
@@ -709,6 +808,7 @@ class _Decoded:
         self.head_size = head_size
         self.layout = layout
         self.static = static
+        self.plan = plan
         self.memory_key, self.other_key = keys
         self.memory_totals = memory_totals
         self.totals = totals
@@ -834,18 +934,17 @@ class RegionDecoder:
             # The magic, the version and the static part are the bytes the kept snapshot
             # came from (the lock HAMi-core's processes take in between - sem, owner_pid -
             # may have moved: nothing is read from it); head is exactly the live slots long.
-            static = decoded.static
-            count = static.device_count
-            fields = _slot_fields(layout, head, clamp_proc_num(values[_PROC_NUM]), count)
+            static, plan = decoded.static, decoded.plan
+            fields = _slot_fields(layout, head, clamp_proc_num(values[_PROC_NUM]), plan)
             memory_key, other_key = _slots_key(fields[0]), _slots_key(fields[1])
             renew = tail != decoded.tail
             if memory_key != decoded.memory_key or other_key != decoded.other_key:
                 kept = decoded.memory_totals if memory_key == decoded.memory_key else None
                 decoded.memory_key, decoded.other_key = memory_key, other_key
-                totals, decoded.memory_totals = _flat_totals(fields, count, kept)
+                totals, decoded.memory_totals = _flat_totals(fields, plan, kept)
                 if totals != decoded.totals:
-                    if totals[0] != decoded.totals[0]:
-                        decoded.devices = _devices(totals[0], static)
+                    if totals.sums != decoded.totals.sums:
+                        decoded.devices = _devices(totals.sums, static, plan)
                     decoded.totals = totals
                     renew = True
             if renew:
@@ -862,9 +961,10 @@ class RegionDecoder:
         static = parse_static(layout, head)
         if decoded is not None and decoded.static == static:
             static = decoded.static  # keep the objects (and identities) the view already has
-        fields = _slot_fields(layout, head, slots, static.device_count)
-        totals, memory_totals = _flat_totals(fields, static.device_count)
-        devices = _devices(totals[0], static)
+        plan = _slot_plan(layout.format, static.device_count)
+        fields = _slot_fields(layout, head, slots, plan)
+        totals, memory_totals = _flat_totals(fields, plan)
+        devices = _devices(totals.sums, static, plan)
         version = _version(layout, head)
         snapshot = _new_snapshot(layout, size, version, values, static, devices, totals)
         self._decoded = _Decoded(
@@ -876,6 +976,7 @@ class RegionDecoder:
             len(head),
             layout,
             static,
+            plan,
             (_slots_key(fields[0]), _slots_key(fields[1])),
             memory_totals,
             totals,
