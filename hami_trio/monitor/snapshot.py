@@ -5,9 +5,14 @@ the 16/24-byte tail, then the head up to ``clamp(proc_num, 0, 1024)`` live slots
 :mod:`hami_trio.monitor.region` ``pread``s them, and the decoder turns them into a frozen
 :class:`UsageSnapshot`, the same object again when no byte it depends on changed.  Per-device
 memory and SM utilisation are uint64 sums (wrapping, as HAMi does) over the live slots whose
-``status != 0``; all 16 UUIDs are kept for the feedback step.  :func:`parse_region` applies
-the same rules to a whole file in memory (fuzzing, tests).  docs/monitor.md (Usage snapshot,
-How one region is read).
+``status != 0``; all 16 UUIDs are kept for the feedback step.  :func:`parse_region` feeds a
+fresh decoder from a whole file in memory (fuzzing, tests).  A :class:`TickDecoder` does the
+tick's part: the tail, and the static head now and then.
+
+Every value is read by name: the tail's words through the layout table's ``TAIL_INDEX``,
+the slots' through :data:`DEVICE_SUMS` and the plan of columns derived from it
+(``_slot_plan``).  The plain reference decoder the tests compare these with is
+tests/monitor/reference.py.  docs/monitor.md (Usage snapshot, How one region is read).
 """
 
 from __future__ import annotations
@@ -56,13 +61,8 @@ __all__ = [
     "UsageSnapshot",
     "parse_region",
     "parse_static",
-    "parse_usage",
     "read_tail",
-    "slot_rows",
-    "slot_struct",
-    "sum_rows",
-    "sum_rows_without",
-    "sum_slots",
+    "sum_slots_without",
 ]
 
 _U64 = struct.Struct("<Q")
@@ -410,173 +410,6 @@ def _slot_format(layout: Layout, picks: list[tuple[int, str]]) -> str:
     return fmt + f"{layout.slot_size - pos}x"
 
 
-# (format, device_count) -> slot struct; at most 2 x 17 entries.
-_SLOT_STRUCTS: dict[tuple[Format, int], struct.Struct] = {}
-
-
-def slot_struct(layout: Layout, device_count: int) -> struct.Struct:
-    """A ``struct`` spanning exactly one slot that picks, in offset order: ``pid``,
-    ``hostpid``, per device below ``device_count`` the five ``used`` words (context, module,
-    data, offset, total), then per device ``sm_util``, then ``status``.  ``iter_unpack``
-    then reads every slot in C.  Memoised per (format, device count): at most 2 x 17."""
-    codec = _SLOT_STRUCTS.get((layout.format, device_count))
-    if codec is None:
-        codec = _SLOT_STRUCTS[(layout.format, device_count)] = _build_slot_struct(
-            layout, device_count
-        )
-    return codec
-
-
-def _build_slot_struct(layout: Layout, device_count: int) -> struct.Struct:
-    picks: list[tuple[int, str]] = [(layout.slot_pid, "i"), (layout.slot_hostpid, "i")]
-    picks += _memory_picks(layout, device_count)
-    picks += _sm_picks(layout, device_count)
-    picks.append((layout.slot_status, "i"))
-    return struct.Struct("<" + _slot_format(layout, picks))
-
-
-def _memory_picks(layout: Layout, device_count: int) -> list[tuple[int, str]]:
-    """The five ``used`` words (context, module, data, offset, total) of each device."""
-    return [
-        (layout.slot_used + d * layout.used_stride + offset, "Q")
-        for d in range(device_count)
-        for offset in USED_FIELDS.values()
-    ]
-
-
-def _sm_picks(layout: Layout, device_count: int) -> list[tuple[int, str]]:
-    """The ``sm_util`` word of each device."""
-    return [
-        (layout.slot_util + d * layout.util_stride + UTIL_FIELDS["sm_util"], "Q")
-        for d in range(device_count)
-    ]
-
-
-def slot_rows(
-    layout: Layout, head: bytes | bytearray | memoryview, slots: int, device_count: int
-) -> list[tuple[int, ...]]:
-    """The fields the monitor uses from each of slots ``[0, slots)``, one tuple per slot:
-    ``pid``, ``hostpid``, per device below ``device_count`` (context, module, data, offset,
-    total), then per device ``sm_util``, then ``status`` (last).  A few hundred bytes of
-    ints instead of the ~2 KB slot, so the reader can keep them to detect change cheaply.
-
-    Raises:
-        ValueError: ``head`` is too short for ``slots`` slots.
-    """
-    body_end = layout.body_size(slots)
-    if len(head) < body_end:
-        raise ValueError(f"head needs {body_end} bytes for {slots} slots, got {len(head)}")
-    codec = slot_struct(layout, device_count)
-    return list(codec.iter_unpack(memoryview(head)[layout.procs : body_end]))
-
-
-def sum_rows(rows: list[tuple[int, ...]], static: StaticInfo) -> SlotTotals:
-    """Sum :func:`slot_rows` over the slots whose status is not 0 (uint64, wrapping)."""
-    count = static.device_count
-    live = [row for row in rows if row[-1]]
-    sm_base = 2 + 5 * count
-    if live:
-        columns = list(zip(*live, strict=True))
-        sums = [sum(column) & _MASK64 for column in columns]
-        pids: tuple[int, ...] = columns[0]
-        host_pids: tuple[int, ...] = columns[1]
-        busy = tuple(
-            [sum(1 for row in live if row[6 + 5 * d] or row[sm_base + d]) for d in range(count)]
-        )
-    else:
-        sums = [0] * (sm_base + count + 1)
-        pids = host_pids = ()
-        busy = (0,) * count
-    uuids, limits, sm_limits = static.uuids, static.limits, static.sm_limits
-    # positional: (index, uuid, limit, sm_limit, total, context, module, buffer, offset, sm)
-    devices = tuple(
-        [
-            DeviceUsage(
-                d,
-                uuids[d],
-                limits[d],
-                sm_limits[d],
-                sums[6 + 5 * d],
-                sums[2 + 5 * d],
-                sums[3 + 5 * d],
-                sums[4 + 5 * d],
-                sums[5 + 5 * d],
-                sums[sm_base + d],
-            )
-            for d in range(count)
-        ]
-    )
-    return SlotTotals(devices, len(live), pids, host_pids, busy)
-
-
-def sum_slots(
-    layout: Layout, head: bytes | bytearray | memoryview, slots: int, static: StaticInfo
-) -> SlotTotals:
-    """Sum memory and SM utilisation over slots ``[0, slots)`` whose status is not 0.
-
-    Args:
-        layout: the file's layout.
-        head: bytes from offset 0 through at least ``layout.body_size(slots)``.
-        slots: the clamped ``proc_num``.
-        static: :func:`parse_static` of the same head.
-
-    Raises:
-        ValueError: ``head`` is too short for ``slots`` slots.
-    """
-    return sum_rows(slot_rows(layout, head, slots, static.device_count), static)
-
-
-def parse_usage(
-    layout: Layout,
-    file_size: int,
-    head: bytes | bytearray | memoryview,
-    tail: bytes | bytearray | memoryview,
-    static: StaticInfo | None = None,
-    totals: SlotTotals | None = None,
-) -> UsageSnapshot:
-    """Build a snapshot from the head and tail ranges of a region (see the module docstring).
-
-    Args:
-        layout: the file's layout, from :func:`~hami_trio.monitor.layout.classify`.
-        file_size: the file size the layout was chosen for (reported, not used to index).
-        head: bytes ``[0, layout.body_size(clamp_proc_num(proc_num)))``; extra bytes are
-            ignored, so a whole-file buffer works too.
-        tail: the ``layout.tail_size`` bytes at ``layout.tail_offset``.
-        static: :func:`parse_static` of the same head, if the caller cached it.
-        totals: :func:`sum_slots` of the same head and slot count, if the caller cached it
-            (the monitor changes ``recent_kernel`` every tick while the slots stay put).
-
-    Raises:
-        ValueError: a buffer is shorter than the ranges the tail's ``proc_num`` requires.
-    """
-    values = read_tail(layout, tail)
-    if static is None:
-        static = parse_static(layout, head)
-    if totals is None:
-        totals = sum_slots(layout, head, clamp_proc_num(values[_PROC_NUM]), static)
-    return _snapshot(layout, file_size, head, values, static, totals)
-
-
-def _snapshot(
-    layout: Layout,
-    file_size: int,
-    head: bytes | bytearray | memoryview,
-    values: TailValues,
-    static: StaticInfo,
-    totals: SlotTotals,
-) -> UsageSnapshot:
-    parts = (totals.active_slots, totals.pids, totals.host_pids, totals.device_processes)
-    return _new_snapshot(
-        layout,
-        file_size,
-        _version(layout, head),
-        values,
-        static,
-        totals.devices,
-        _tuple_new(_Totals, ((), *parts)),
-    )
-
-
 def _version(layout: Layout, head: bytes | bytearray | memoryview) -> tuple[int | None, int | None]:
     if not layout.has_version:
         return (None, None)
@@ -745,6 +578,44 @@ def _devices(sums: tuple[int, ...], static: StaticInfo, plan: _SlotPlan) -> tupl
             _new_device_usage(d, uuids[d], limits[d], sm_limits[d], *device_sums(sums))
             for d, device_sums in enumerate(plan.device_sums)
         ]
+    )
+
+
+def sum_slots_without(
+    layout: Layout,
+    head: bytes | bytearray | memoryview,
+    slots: int,
+    host_pids: frozenset[int],
+) -> SlotTotals:
+    """The sums of the snapshot's slots leaving out those whose host PID is in
+    ``host_pids`` (the exited processes, for ``--exclude-exited-processes``): what
+    :class:`RegionDecoder` would sum from ``head`` without them.
+
+    Args:
+        layout: the file's layout.
+        head: bytes from offset 0 through at least ``layout.body_size(slots)``; the device
+            count, UUIDs and limits are decoded from it too.
+        slots: the clamped ``proc_num``.
+        host_pids: the host PIDs whose slots are left out.
+
+    Raises:
+        ValueError: ``head`` is too short for ``slots`` slots.
+    """
+    end = layout.body_size(slots)
+    if len(head) < end:
+        raise ValueError(f"head needs {end} bytes for {slots} slots, got {len(head)}")
+    static = parse_static(layout, head)
+    plan = _slot_plan(layout.format, static.device_count)
+    fields = _slot_fields(layout, head, slots, plan)
+    slot_host_pids = fields[1][plan.hostpid :: plan.other_width]
+    kept = [i for i, pid in enumerate(slot_host_pids) if pid not in host_pids]
+    totals, _ = _flat_totals(_only(fields, plan, kept), plan)
+    return SlotTotals(
+        _devices(totals.sums, static, plan),
+        totals.active_slots,
+        totals.pids,
+        totals.host_pids,
+        totals.device_processes,
     )
 
 
@@ -990,30 +861,26 @@ class RegionDecoder:
 def parse_region(
     data: bytes | bytearray | memoryview, file_size: int | None = None
 ) -> UsageSnapshot:
-    """Parse a whole ``.cache`` file held in memory (the loader rule, then the snapshot).
+    """Parse a whole ``.cache`` file held in memory: a fresh :class:`RegionDecoder` fed the
+    ranges it asks for from ``data`` (the loader rule, then the snapshot).
 
     Args:
-        data: the file's bytes (at least up to the tail; a real file is ``sizeof + 1``).
+        data: the file's bytes (a real file is ``sizeof + 1``).
         file_size: the size to classify by; defaults to ``len(data)``.
 
     Raises:
         CacheFileRejected: the loader rule rejects the file.
-        ValueError: ``data`` is shorter than the layout chosen for ``file_size``.
+        ValueError: ``data`` ends before a range the decoder asks for at ``file_size``.
     """
     size = len(data) if file_size is None else file_size
-    layout = classify(size, data[:12])
-    end = layout.tail_offset + layout.tail_size
-    if len(data) < end:
-        raise ValueError(f"{layout.name} data needs {end} bytes, got {len(data)}")
-    return parse_usage(layout, size, data, data[layout.tail_offset : end])
-
-
-def sum_rows_without(
-    rows: list[tuple[int, ...]], static: StaticInfo, host_pids: frozenset[int]
-) -> SlotTotals:
-    """:func:`sum_rows` leaving out the slots whose host PID is in ``host_pids`` (the exited
-    processes, for ``--exclude-exited-processes``); the monitor's read path never calls it."""
-    return sum_rows([row for row in rows if row[1] not in host_pids], static)
+    decoder = RegionDecoder()
+    step: tuple[int, int] | UsageSnapshot = decoder.start(size)
+    while isinstance(step, tuple):
+        offset, length = step
+        if offset + length > len(data):
+            raise ValueError(f"data needs {offset + length} bytes, got {len(data)}")
+        step = decoder.feed(bytes(data[offset : offset + length]))
+    return step
 
 
 #: Ticks after which the tick re-reads a region's static head (device count, UUIDs, limits)
