@@ -339,8 +339,8 @@ class _SlotPlan:
     util_columns: tuple[int, ...]  # the other part's summed columns
     total: tuple[int, ...]  # per device: its ``total`` column in the memory part
     sm_util: tuple[int, ...]  # per device: its ``sm_util`` column in the other part
-    device_sums: tuple[Callable[[tuple[int, ...]], tuple[int, ...]], ...]  # per device:
-    # its DeviceUsage sums from ``sums``, in the class's field order
+    # (sums, uuids, limits, sm_limits) -> every device's DeviceUsage (_device_builder)
+    build_devices: Callable[..., tuple[DeviceUsage, ...]]
     zero_sums: tuple[int, ...]  # ``sums`` of no live slot
     zero_busy: tuple[int, ...]
 
@@ -389,13 +389,29 @@ def _slot_plan(fmt: Format, device_count: int) -> _SlotPlan:
         util_columns=util_columns,
         total=tuple(memory_at[("total", d)] for d in devices),
         sm_util=tuple(other_at[("sm_util", d)] for d in devices),
-        device_sums=tuple(
-            operator.itemgetter(*[in_sums[(DEVICE_SUMS[name], d)] for name in _SUMMED])
-            for d in devices
-        ),
+        build_devices=_device_builder(device_count, in_sums),
         zero_sums=(0,) * (len(memory) + len(utils)),
         zero_busy=(0,) * device_count,
     )
+
+
+def _device_builder(
+    device_count: int, in_sums: dict[tuple[str, int], int]
+) -> Callable[..., tuple[DeviceUsage, ...]]:
+    """``build(sums, uuids, limits, sm_limits)``: every device's :class:`DeviceUsage`, each
+    sum taken from the place ``in_sums`` gives its (member, device), the member the one
+    :data:`DEVICE_SUMS` names for the field.  Generated, like :func:`_constructor`, with
+    those places written in: no loop or tuple per device at run time."""
+    lines = ["def build(sums, uuids, limits, sm_limits):", "    return ("]
+    for d in range(device_count):
+        picks = ", ".join(f"sums[{in_sums[(DEVICE_SUMS[name], d)]}]" for name in _SUMMED)
+        # positional: index, uuid, memory_limit, sm_limit, then the sums in the class's order
+        lines.append(f"        _new({d}, uuids[{d}], limits[{d}], sm_limits[{d}], {picks}),")
+    lines.append("    )")
+    scope: dict[str, Any] = {"_new": _new_device_usage}
+    exec("\n".join(lines), scope)  # our own field names and integers only
+    build: Callable[..., tuple[DeviceUsage, ...]] = scope["build"]
+    return build
 
 
 def _slot_format(layout: Layout, picks: list[tuple[int, str]]) -> str:
@@ -571,14 +587,7 @@ def _flat_totals(
 
 
 def _devices(sums: tuple[int, ...], static: StaticInfo, plan: _SlotPlan) -> tuple[DeviceUsage, ...]:
-    uuids, limits, sm_limits = static.uuids, static.limits, static.sm_limits
-    # positional: index, uuid, memory_limit, sm_limit, then the sums in the class's order
-    return tuple(
-        [
-            _new_device_usage(d, uuids[d], limits[d], sm_limits[d], *device_sums(sums))
-            for d, device_sums in enumerate(plan.device_sums)
-        ]
-    )
+    return plan.build_devices(sums, static.uuids, static.limits, static.sm_limits)
 
 
 def sum_slots_without(
