@@ -1,23 +1,16 @@
 """The Prometheus collector of the vGPU monitor: upstream's metrics from the latest snapshots.
 
 How this works: :class:`VGpuCollector` is registered into the agent's registry; each scrape
-(in a worker thread, see :mod:`hami_trio.metrics.endpoint`) reads the monitor's latest completed
-tick (immutable snapshots, never a ``.cache`` file), the pod source (pod names and, with
-Kubernetes, the MIG allocation annotations) and the NVML sampler, and renders HAMi
-vGPUmonitor's families with their names, help texts and labels through the fast renderer of
-:mod:`hami_trio.metrics.exposition`.  Each container's rendered lines are kept until the next
-scrape (:class:`_ContainerRows`) and reused while the monitor hands over the same snapshot
-and insight objects and the pod keeps its names.  Which containers are exported is decided
-per directory by the pure :func:`~hami_trio.metrics.exportstate.export_state` (pod known and
-labelled for this node, container listed, pod not completed, file loaded), and every directory
-is counted
-by its state in ``hami_trio_monitor_containers{state}``.  Tenant data never fails a scrape: a
-failure costs only its own container's rows (``container``), pod's MIG rows (``mig``), this
-scrape's MIG rows (``pods``) or host families (``host``) - and, through
-:meth:`VGpuCollector.report_failure`, the pod collector's allocation rows (``allocated``) -
-counted in ``hami_trio_collector_errors_total{phase}``
-and logged at most once per :data:`WARNING_INTERVAL` per pod or container.  The collector
-depends only on the read-only view protocols below and the monitor's pure container values
+(in a worker thread, :mod:`hami_trio.metrics.endpoint`) reads the monitor's latest views
+(never a ``.cache`` file), the pod source and the NVML sampler, and renders HAMi
+vGPUmonitor's families through :mod:`hami_trio.metrics.exposition`.  A container's rendered
+lines are reused while its snapshot, insight and pod names stay the same.  Which containers
+are exported is decided by the pure :func:`~hami_trio.metrics.exportstate.export_state`.
+
+Tenant data never fails a scrape: a failure costs only its own rows (``container``, ``mig``,
+``pods``, ``host``, ``allocated``), counted in ``hami_trio_collector_errors_total{phase}`` and
+logged at most once per :data:`WARNING_INTERVAL` per pod or container.  The collector depends
+only on the read-only view protocols below and the monitor's pure container values
 (:mod:`hami_trio.monitor.state`).  Every family and label: docs/metrics.md.
 """
 

@@ -4,17 +4,15 @@ How this works: each :meth:`ContainerLister.update` lists the containers directo
 (sorted; only real directories named ``{PodUID}_{ContainerName}``), asks the
 :class:`~hami_trio.pods.source.PodSource` about each pod, and for each container checks that
 its open :mod:`~hami_trio.monitor.region` handle still names the same ``.cache`` file, reads
-it, or (re-)lists the directory to open one.  The name check is an ``lstat``, except for a
-directory that :mod:`~hami_trio.monitor.watch` (inotify) watches and saw no name change in
-since the last tick: that one is read straight away, its size checked by the read itself
-(:meth:`~hami_trio.monitor.region.RegionHandle.read_probed`).  Directories of pods gone
-longer than the resync interval leave the view and go to
-the lister's :class:`~hami_trio.monitor.remover.RemovalQueue` (a budgeted step per tick
-over as many queued directories as it covers, off the tick).  The tick
-checkpoints by work done (about one unit per byte read or listed, see the constants
-below); large directories are listed in a worker thread.  The result is one immutable
-mapping per tick (:meth:`ContainerLister.containers`).  Rules and reasons: docs/monitor.md
-(Discovery, How one region is read, Tenant threat model).
+it, or (re-)lists the directory to open one.  The name check is an ``lstat``, skipped for a
+directory the inotify watch (:mod:`~hami_trio.monitor.watch`) saw no name change in.
+
+Directories of pods gone longer than the resync interval leave the view and go to the
+:class:`~hami_trio.monitor.remover.RemovalQueue`.  The tick checkpoints by work done (about
+one unit per byte read or listed, see the constants below); large directories are listed in
+a worker thread.  The result is one immutable mapping per tick
+(:meth:`ContainerLister.containers`).  Rules and reasons: docs/monitor.md (Discovery, How one
+region is read, Tenant threat model).
 """
 
 from __future__ import annotations

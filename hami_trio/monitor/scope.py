@@ -1,27 +1,18 @@
 """What each container's pod gives it, for the feedback; and the files that claim more.
 
 How this works: with Kubernetes the agent hands the monitor ``grants_of(pod)`` - container
-name -> :class:`~hami_trio.monitor.feedback.Grant`, from the pod's
-``hami.io/vgpu-devices-allocated`` entry and the priority its spec sets; None for a pod
-without a usable allocation annotation.  Every tick :meth:`FeedbackScope.grants` looks up the
-pod of each loaded container in the ``PodSource`` and returns their grants; a pod's grants
-are computed once per ``PodInfo``
-object (the watch publishes a new one per change), and only for pods with loaded containers.
-A container of an annotated pod that its entry gives nothing gets an empty grant: it is
-counted on no GPU.  Without Kubernetes (no ``grants_of``), or for a pod that is unknown or
-has no annotation, there is no grant: the file counts alone, as upstream.
+name -> :class:`~hami_trio.monitor.feedback.Grant`, from the pod's allocation entry and the
+priority its spec sets, or None for a pod without a usable annotation.  Every tick
+:meth:`FeedbackScope.grants` returns the grants of the loaded containers' pods (computed once
+per ``PodInfo`` object); a container its pod's entry gives nothing is counted on no GPU.
+Without Kubernetes, or for an unknown or unannotated pod, the file counts alone, as upstream.
 
-:meth:`FeedbackScope.note` then compares every file with its grant and returns the grants
-that change something for :func:`~hami_trio.monitor.feedback.observe` (a grant that agrees
-with its file changes no write; :meth:`FeedbackScope.update` does both).  A file that claims a
-GPU UUID its allocation does not list (reason ``uuid``) or a priority other than the one its
-pod spec sets (reason ``priority``) makes a *stray claim*: the feedback counts the container
-as its pod says (:func:`~hami_trio.monitor.feedback.scoped`),
-``hami_trio_monitor_stray_claim_containers`` counts the containers doing so,
-``hami_trio_monitor_stray_claims_total`` the times one started, one warning names the
-container (at most one per container and reason per ten minutes), and
-:meth:`FeedbackScope.claim` says it in the debug view.  docs/monitor.md (Feedback: whose
-GPUs, whose priority).
+:meth:`FeedbackScope.note` compares every file with its grant: a file that claims a UUID its
+allocation does not list (``uuid``) or another priority than its pod spec (``priority``)
+makes a *stray claim*: the feedback counts the container as its pod says
+(:func:`~hami_trio.monitor.feedback.scoped`), :class:`StrayStats` counts it, one warning a
+container and reason per ten minutes names it, and :meth:`FeedbackScope.claim` shows it in
+the debug view.  docs/monitor.md (Feedback: whose GPUs, whose priority).
 """
 
 from __future__ import annotations
