@@ -70,13 +70,14 @@ BLOATED_PODS = 20
 BLOAT_RSS_FACTOR = 2.0
 PROBE_WITHIN = 5.0
 CHAIN_DEPTH = 3000
-# Removing one gone pod's tree (FILES files and a CHAIN_DEPTH chain) takes 10-17 s on an idle
-# 2-core machine (bench/monitor_removal.py --depth 3000: one budgeted step per 0.5 s tick),
-# and the tenant makes one every 5 s, so a backlog at the soak's end is expected; what must
-# hold is that removals keep going: each gone directory goes within REMOVAL_STALL seconds of
-# the one before, and all within REMOVAL_WITHIN.
-REMOVAL_STALL = 90.0
-REMOVAL_WITHIN = 420.0
+# Removing one gone pod's tree (FILES files and a CHAIN_DEPTH chain) is file-system work: the
+# chain alone took 1.5 s on an idle 2-core machine and 10-17 s while other jobs wrote to the
+# same disk (bench/monitor_removal.py --depth 3000, one budgeted step per 0.5 s tick), and the
+# tenant makes one every 5 s while it rewrites 32 regions of 2 MB every round, so the soak ends
+# with a backlog.  What must hold is that removals keep going: each gone directory goes within
+# REMOVAL_STALL seconds of the one before, and all within REMOVAL_WITHIN.
+REMOVAL_STALL = 150.0
+REMOVAL_WITHIN = 480.0
 FILES = 20_000
 
 TENANT = textwrap.dedent(
