@@ -218,6 +218,8 @@ def _mutmut_pass(
 
     def again(item: tuple[str, str, str, str]) -> Outcome:
         name, key, diff, kind = item
+        if deadline is not None and time.monotonic() > deadline:
+            raise _OverBudget  # checked before each re-run: a phase of hundreds of them
         rc = _pytest(mutants_dir, tests, _env(MUTANT_UNDER_TEST=name), timeout)
         if rc != 0:
             return Outcome(name, key, "killed", diff, f"killed on the re-run (rc {rc})")
