@@ -51,13 +51,11 @@ def _best_us(fn: Callable[[], object]) -> float:
 
 
 def measure(n: int, liars: float) -> dict[str, float]:
-    from prometheus_client import CollectorRegistry
-
     from hami_trio.agent.grants import pod_grants
     from hami_trio.monitor.feedback import observe
-    from hami_trio.monitor.lister import ContainerKey
-    from hami_trio.monitor.scope import FeedbackScope
+    from hami_trio.monitor.scope import FeedbackScope, StrayStats
     from hami_trio.monitor.snapshot import UsageSnapshot, parse_region
+    from hami_trio.monitor.state import ContainerKey
     from hami_trio.pods.allocated import ALLOCATED_ANNOTATION
     from hami_trio.pods.source import PodInfo, StaticPodSource
     from hami_trio.testing.regions import RegionSpec, build_region
@@ -83,7 +81,7 @@ def measure(n: int, liars: float) -> dict[str, float]:
                 priorities={"main": priority},
             )
         )
-    scope = FeedbackScope(StaticPodSource(pods), pod_grants, CollectorRegistry(), clock=lambda: 0)
+    scope = FeedbackScope(StaticPodSource(pods), pod_grants, StrayStats(), clock=lambda: 0)
     logging.getLogger("hami_trio").setLevel(logging.ERROR)  # the stray claims' warnings
     scope.update(snapshots)  # the grant cache is warm, as from the second tick on
     return {

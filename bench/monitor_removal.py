@@ -19,8 +19,8 @@ remove it.  Then it serves the real :class:`~hami_trio.monitor.loop.Monitor` (re
 directories of the usual shape (two ``.cache`` files of a region's size, about 2 MB, written
 in full unless ``--sparse``) beside the live containers.  One tick of the real
 :class:`~hami_trio.monitor.lister.ContainerLister` schedules them all, then its removal steps
-run back to back with the default budget (what ``serve_removals`` runs after each tick) until
-none is left, and it reports:
+run back to back with the default budget (what ``RemovalQueue.serve`` runs after each tick)
+until none is left, and it reports:
 
 - ``steps`` and ``directories_per_step``: how many directories one step (one tick) removes;
 - ``removal_s`` and ``directories_per_s``: the steps' own wall time, and the throughput
@@ -216,16 +216,16 @@ def measure_churn(args: argparse.Namespace, base: Path) -> dict[str, Any]:
 
     async def main() -> None:
         await lister.update()
-        assert lister.removals_pending == args.churn, lister.removals_pending
-        while lister.removals_pending:
+        assert lister.removals.pending == args.churn, lister.removals.pending
+        while lister.removals.pending:
             started = time.perf_counter()
-            await lister.remove_step()
+            await lister.removals.step()
             steps.append(time.perf_counter() - started)
             if len(steps) >= args.max_steps:
                 break
 
     trio.run(main)
-    removed = args.churn - lister.removals_pending
+    removed = args.churn - lister.removals.pending
     lister.close()
     total = sum(steps)
     per_step = removed / len(steps) if steps else 0.0
@@ -247,7 +247,8 @@ def measure_churn(args: argparse.Namespace, base: Path) -> dict[str, Any]:
 
 def _clean_up(base: Path) -> None:
     """Remove whatever is left with this checkout's remover (the measured code may be the
-    old one, or may have crashed); loaded by path, it only needs the standard library."""
+    old one, or may have crashed); loaded by path, it needs no more than trio and
+    hami_trio.logs besides the standard library."""
     spec = importlib.util.spec_from_file_location(
         "_bench_remover", REPO / "hami_trio" / "monitor" / "remover.py"
     )

@@ -533,8 +533,8 @@ async def breakdown(  # noqa: C901 - one measurement, step after step
     from hami_trio.monitor import snapshot as snapshots
     from hami_trio.monitor.feedback import observe
     from hami_trio.monitor.layout import LAYOUTS, Format, clamp_proc_num, layout_for_size
-    from hami_trio.monitor.lister import parse_container_dirname
     from hami_trio.monitor.loop import Monitor
+    from hami_trio.monitor.state import parse_container_dirname
 
     # The checkout's tick decoder: the tail alone (TickDecoder), or tail and live slots.
     tick_decoder = getattr(snapshots, "TickDecoder", None)

@@ -68,6 +68,9 @@ SEAMS: Mapping[tuple[str, str], str] = {
     ("hami_trio.metrics.collector", "hami_trio.pods.source"): (
         "the collector labels rows with the pods of the PodSource the agent passes in"
     ),
+    ("hami_trio.metrics.collector", "hami_trio.monitor.state"): (
+        "the collector reads the monitor's containers as the pure values they are (ContainerState)"
+    ),
     ("hami_trio.metrics.collector", "hami_trio.pods.migalloc"): (
         "MIG rows come from the pods' allocation annotation, decoded by the pure decoder"
     ),
@@ -100,6 +103,7 @@ PURE_CORES = frozenset(
         "hami_trio.monitor.snapshot",
         "hami_trio.monitor.feedback",
         "hami_trio.monitor.insight",
+        "hami_trio.monitor.state",
         "hami_trio.allocation.constants",
         "hami_trio.allocation.response",
         "hami_trio.pods.source",

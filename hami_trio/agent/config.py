@@ -47,12 +47,8 @@ from hami_trio.goparse import (
 from hami_trio.http.server import DEFAULT_MAX_CONNECTIONS, DEFAULT_REQUEST_TIMEOUT, HttpLimits
 from hami_trio.logs import LogFormat
 from hami_trio.metrics.pods import parse_label_allowlist
-from hami_trio.monitor.loop import (
-    DEFAULT_INTERVAL,
-    DEFAULT_MIG_LOCK_PATH,
-    DEFAULT_RESYNC_INTERVAL,
-    MonitorConfig,
-)
+from hami_trio.monitor.loop import DEFAULT_INTERVAL, DEFAULT_RESYNC_INTERVAL, MonitorConfig
+from hami_trio.monitor.miglock import DEFAULT_MIG_LOCK_PATH
 from hami_trio.pods.access import KubeAccess, validate_node_name
 
 __all__ = [

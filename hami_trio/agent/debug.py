@@ -16,7 +16,6 @@ schema and the limits: docs/debug.md.
 
 from __future__ import annotations
 
-import enum
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +25,7 @@ from typing import Any, Final, Literal, Protocol
 from hami_trio._text import quote
 from hami_trio.metrics.exportstate import export_state
 from hami_trio.monitor.snapshot import UsageSnapshot
+from hami_trio.monitor.state import ContainerKey, UsageState
 from hami_trio.pods.allocated import (
     AllocatedDevice,
     named_allocations,
@@ -39,12 +39,10 @@ __all__ = [
     "AllocatedView",
     "BlockingView",
     "BrokerSummary",
-    "ContainerView",
     "DebugExtras",
     "DebugLimits",
     "ExportView",
     "FeedbackView",
-    "KeyView",
     "MonitorSummary",
     "PodWatchSummary",
     "ProcessState",
@@ -66,48 +64,6 @@ PROCESS_STATES: Final[tuple[ProcessState, ...]] = ("running", "exited", "unknown
 
 
 # -- what the builder reads (the monitor's, pods' and broker's own types qualify) ------------
-
-
-class KeyView(Protocol):
-    """A container directory's name, split (the lister's ``ContainerKey``)."""
-
-    @property
-    def pod_uid(self) -> str: ...
-    @property
-    def container_name(self) -> str: ...
-    @property
-    def dirname(self) -> str: ...
-
-
-class _Valued(Protocol):
-    @property
-    def value(self) -> str: ...
-
-
-class RejectionView(Protocol):
-    """Why a file was refused (the lister's ``Rejection``)."""
-
-    @property
-    def reason(self) -> enum.Enum: ...
-    @property
-    def message(self) -> str: ...
-
-
-class ContainerView(Protocol):
-    """One container directory as of the latest tick (the lister's ``ContainerState``)."""
-
-    @property
-    def key(self) -> KeyView: ...
-    @property
-    def directory(self) -> str: ...
-    @property
-    def cache_file(self) -> str | None: ...
-    @property
-    def status(self) -> _Valued: ...
-    @property
-    def snapshot(self) -> UsageSnapshot | None: ...
-    @property
-    def rejection(self) -> RejectionView | None: ...
 
 
 class BlockingView(Protocol):
@@ -301,7 +257,7 @@ def _text(value: str, limit: int) -> str:
     return _SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", value)
 
 
-def _identity(key: KeyView, pod: PodInfo | None, pods: PodWatchSummary) -> Any:
+def _identity(key: ContainerKey, pod: PodInfo | None, pods: PodWatchSummary) -> Any:
     if pod is not None:
         return {"known": True, "reason": None}
     uid = quote(key.pod_uid)  # the directory's name: quoted and cut, as in the export reasons
@@ -412,7 +368,7 @@ def _feedback(
 
 
 def container_entry(
-    state: ContainerView,
+    state: UsageState,
     pod: PodInfo | None,
     *,
     pods: PodWatchSummary,
@@ -488,7 +444,7 @@ def container_entry(
     return entry
 
 
-def _order(pod: PodInfo | None, key: KeyView) -> tuple[int, str, str, str, str]:
+def _order(pod: PodInfo | None, key: ContainerKey) -> tuple[int, str, str, str, str]:
     # Known pods by namespace/pod/container; directories of unknown pods after them.
     if pod is None:
         return (1, "", "", key.container_name, key.dirname)
@@ -496,7 +452,7 @@ def _order(pod: PodInfo | None, key: KeyView) -> tuple[int, str, str, str, str]:
 
 
 def debug_state(
-    containers: Mapping[Any, ContainerView],
+    containers: Mapping[Any, UsageState],
     pod_source: PodSource,
     *,
     now: float,
@@ -526,7 +482,7 @@ def debug_state(
     """
     by_status: dict[str, int] = {}
     by_export: dict[str, int] | None = {} if extras.export is not None else None
-    chosen: list[tuple[tuple[int, str, str, str, str], ContainerView, PodInfo | None]] = []
+    chosen: list[tuple[tuple[int, str, str, str, str], UsageState, PodInfo | None]] = []
     for state in containers.values():
         pod = pod_source.lookup(state.key.pod_uid)
         status = state.status.value

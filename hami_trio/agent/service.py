@@ -696,7 +696,7 @@ class _Agent:
                 ticks=monitor.ticks,
                 paused=monitor.paused,
                 mig_lock_problem=None if problem is None else problem.message,
-                removals_pending=monitor.lister.removals_pending,
+                removals_pending=monitor.lister.removals.pending,
                 checks_liveness=monitor.checks_liveness,
                 foreign_writer=monitor.foreign_writer,
                 usage_read_at=usage.read_at,

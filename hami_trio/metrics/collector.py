@@ -1,23 +1,17 @@
 """The Prometheus collector of the vGPU monitor: upstream's metrics from the latest snapshots.
 
 How this works: :class:`VGpuCollector` is registered into the agent's registry; each scrape
-(in a worker thread, see :mod:`hami_trio.metrics.endpoint`) reads the monitor's latest completed
-tick (immutable snapshots, never a ``.cache`` file), the pod source (pod names and, with
-Kubernetes, the MIG allocation annotations) and the NVML sampler, and renders HAMi
-vGPUmonitor's families with their names, help texts and labels through the fast renderer of
-:mod:`hami_trio.metrics.exposition`.  Each container's rendered lines are kept until the next
-scrape (:class:`_ContainerRows`) and reused while the monitor hands over the same snapshot
-and insight objects and the pod keeps its names.  Which containers are exported is decided
-per directory by the pure :func:`~hami_trio.metrics.exportstate.export_state` (pod known and
-labelled for this node, container listed, pod not completed, file loaded), and every directory
-is counted
-by its state in ``hami_trio_monitor_containers{state}``.  Tenant data never fails a scrape: a
-failure costs only its own container's rows (``container``), pod's MIG rows (``mig``), this
-scrape's MIG rows (``pods``) or host families (``host``) - and, through
-:meth:`VGpuCollector.report_failure`, the pod collector's allocation rows (``allocated``) -
-counted in ``hami_trio_collector_errors_total{phase}``
-and logged at most once per :data:`WARNING_INTERVAL` per pod or container.  The collector
-depends only on the read-only view protocols below.  Every family and label: docs/metrics.md.
+(in a worker thread, :mod:`hami_trio.metrics.endpoint`) reads the monitor's latest views
+(never a ``.cache`` file), the pod source and the NVML sampler, and renders HAMi
+vGPUmonitor's families through :mod:`hami_trio.metrics.exposition`.  A container's rendered
+lines are reused while its snapshot, insight and pod names stay the same.  Which containers
+are exported is decided by the pure :func:`~hami_trio.metrics.exportstate.export_state`.
+
+Tenant data never fails a scrape: a failure costs only its own rows (``container``, ``mig``,
+``pods``, ``host``, ``allocated``), counted in ``hami_trio_collector_errors_total{phase}`` and
+logged at most once per :data:`WARNING_INTERVAL` per pod or container.  The collector depends
+only on the read-only view protocols below and the monitor's pure container values
+(:mod:`hami_trio.monitor.state`).  Every family and label: docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -42,11 +36,11 @@ from hami_trio.metrics.exportstate import (
     EXPORT_STATES,
     NODE_LABEL,
     ExportState,
-    RejectionView,
     export_state,
 )
 from hami_trio.metrics.exposition import FastCounter, FastGauge, render_labels
 from hami_trio.metrics.hostgpu import HostGpuSampler, host_gpu_families
+from hami_trio.monitor.state import ContainerState
 from hami_trio.pods.migalloc import (
     MIG_ALLOCATIONS_ANNOTATION,
     MigAllocation,
@@ -62,7 +56,6 @@ __all__ = [
     "WARNING_INTERVAL",
     "ZONE",
     "BuildInfoCollector",
-    "ContainerView",
     "DeviceView",
     "InsightView",
     "MonitorView",
@@ -70,7 +63,7 @@ __all__ = [
     "VGpuCollector",
 ]
 
-_log = logging.getLogger("hami_trio.monitor.metrics")  # the name in the logs (kept across moves)
+logger = logging.getLogger(__name__)
 
 #: Upstream's collector-wide ``zone`` label value.
 ZONE: Final = "vGPU"
@@ -85,7 +78,8 @@ _SIGN64: Final = 1 << 63
 
 
 # The read-only view of the monitor this collector needs (structural: the monitor's own
-# Monitor / ContainerState / UsageSnapshot / DeviceUsage / DeviceUUID classes satisfy it).
+# Monitor / UsageSnapshot / DeviceUsage / DeviceUUID classes satisfy it; its containers are
+# the monitor's own ContainerState values, read as they are).
 
 
 class UUIDView(Protocol):
@@ -129,24 +123,11 @@ class SnapshotView(Protocol):
     def last_kernel_time(self) -> int: ...
 
 
-class ContainerView(Protocol):
-    """One container directory as of the latest tick."""
-
-    @property
-    def pod_uid(self) -> str: ...
-    @property
-    def container_name(self) -> str: ...
-    @property
-    def snapshot(self) -> SnapshotView | None: ...
-    @property
-    def rejection(self) -> RejectionView | None: ...
-
-
 class UsageViewLike(Protocol):
     """One usage read of the monitor (:class:`~hami_trio.monitor.usage.UsageView`)."""
 
     @property
-    def containers(self) -> Mapping[Any, ContainerView]:
+    def containers(self) -> Mapping[Any, ContainerState[SnapshotView]]:
         """The latest tick's containers as of the read (immutable)."""
         ...
 
@@ -948,7 +929,7 @@ class VGpuCollector(Collector):
         and warn (rate-limited per ``key``); other collectors of the agent use it too."""
         with self._errors_lock:
             self._errors[phase] += 1
-        self._warnings.log(_log, logging.WARNING, key, msg, *args)
+        self._warnings.log(logger, logging.WARNING, key, msg, *args)
 
     _failed = report_failure
 
@@ -1069,7 +1050,7 @@ class VGpuCollector(Collector):
             )
             if name is None:
                 self._warnings.log(
-                    _log,
+                    logger,
                     logging.WARNING,
                     ("mig-index", pod.uid),
                     "pod %s/%s: MIG allocation container index %d is out of range",

@@ -44,7 +44,7 @@ _EXPORTED: Final = frozenset({"exported", "paused"})
 
 
 class RejectionView(Protocol):
-    """Why the monitor refused a container's file (the lister's ``Rejection``)."""
+    """Why the monitor refused a container's file (the monitor's ``Rejection``)."""
 
     @property
     def reason(self) -> str:
@@ -58,7 +58,7 @@ class RejectionView(Protocol):
 
 
 class ExportView(Protocol):
-    """One container directory as the latest tick saw it (the lister's ``ContainerState``)."""
+    """One container directory as the latest tick saw it (the monitor's ``ContainerState``)."""
 
     @property
     def pod_uid(self) -> str: ...

@@ -6,6 +6,7 @@ Layers, from pure to I/O (each module opens with how it works):
 - :mod:`~hami_trio.monitor.snapshot` - immutable :class:`UsageSnapshot` parsed from bytes (pure);
 - :mod:`~hami_trio.monitor.feedback` - HAMi's Observe decisions, bounded (pure);
 - :mod:`~hami_trio.monitor.region` - one tenant-owned ``.cache`` file, pread/pwrite only;
+- :mod:`~hami_trio.monitor.state` - the container values: key, status, rejection (pure);
 - :mod:`~hami_trio.monitor.lister` - ``$HOOK_PATH/containers`` -> one state per container;
 - :mod:`~hami_trio.monitor.loop` - the tick loop, MIG lock, self-metrics.
 
@@ -20,9 +21,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hami_trio.monitor.layout import Format, RejectReason
-    from hami_trio.monitor.lister import ContainerKey, ContainerState, ContainerStatus, Rejection
     from hami_trio.monitor.loop import Monitor, MonitorConfig, serve_monitor
     from hami_trio.monitor.snapshot import DeviceUsage, DeviceUUID, UsageSnapshot, UUIDState
+    from hami_trio.monitor.state import ContainerKey, ContainerState, ContainerStatus, Rejection
 else:
     # On first use: the pure layers (layout, snapshot: ``hami-trio inspect``, the test
     # writers) need neither trio nor prometheus_client, which the loop imports.
@@ -32,7 +33,7 @@ else:
         globals(),
         {
             "hami_trio.monitor.layout": ("Format", "RejectReason"),
-            "hami_trio.monitor.lister": (
+            "hami_trio.monitor.state": (
                 "ContainerKey",
                 "ContainerState",
                 "ContainerStatus",

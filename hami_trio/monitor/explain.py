@@ -31,9 +31,9 @@ from hami_trio.monitor.insight import (
     ProcessClassifier,
     ProcessCounts,
 )
-from hami_trio.monitor.lister import ContainerKey
 from hami_trio.monitor.region import RegionHandle
 from hami_trio.monitor.snapshot import DeviceUsage, UsageSnapshot
+from hami_trio.monitor.state import ContainerKey
 
 __all__ = ["YIELD_EVERY", "Explainer"]
 

@@ -1,20 +1,17 @@
 """Observe: HAMi's priority feedback as a pure function.
 
 How this works: every tick the monitor hands :func:`observe` one snapshot per container and
-applies the writes it returns.  The decisions are HAMi's own (``cmd/vGPUmonitor/feedback.go``):
-a container whose ``recent_kernel`` is still > 0 after the decrement is active and counts its
-priority on each of its UUIDs; a container outranked on a shared UUID by an active one is
-blocked (``recent_kernel = -1``), and released (0) when it no longer is; the
-``utilization_switch`` is 1 when blocked or when its own priority is counted twice on a UUID.
-Unlike upstream, memory is bounded by the input, only final changed values are written, and
-the output order is the input order.  No I/O here.  The rules: docs/monitor.md (Feedback).
+applies the writes it returns.  The decisions are HAMi's own: a container whose
+``recent_kernel`` is still > 0 after the decrement is active and counts its priority on each
+of its UUIDs; one outranked on a shared UUID by an active one is blocked (``recent_kernel =
+-1``) and released (0) when it no longer is; ``utilization_switch`` is 1 when blocked or when
+its own priority is counted twice on a UUID.  Unlike upstream, memory is bounded by the
+input, only final changed values are written, and the output order is the input order.
 
-What a container's pod says can be an input too (a :class:`Grant` per container, from the
-pod's ``hami.io/vgpu-devices-allocated`` entry and its spec's ``CUDA_TASK_PRIORITY``): the
-region is then read through :func:`scoped` - the pod's priority instead of the file's, and
-the UUIDs of the file only while all of them are allocated, else the allocated ones.  A
-container without a grant is read as upstream reads it, and so is one whose grant agrees
-with its file: where files are honest the decisions are upstream's.
+A :class:`Grant` per container (its pod's allocation entry and spec priority) can be an input
+too: the region is then read through :func:`scoped`.  A container without a grant, or whose
+grant agrees with its file, is read as upstream reads it.  No I/O here.  The rules:
+docs/monitor.md (Feedback).
 """
 
 from __future__ import annotations

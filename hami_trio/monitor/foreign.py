@@ -1,22 +1,18 @@
 """Another monitor writing feedback into the same regions: told from the control words alone.
 
-How this works: between two ticks only two parties may change a region's control words -
-this monitor, whose writes are known, and HAMi-core, which stores exactly two values:
+How this works: between two ticks only this monitor (whose writes are known) and HAMi-core
+may change a region's control words, and HAMi-core stores exactly two values:
 ``recent_kernel = 2`` on every kernel launch and, when it initialises a region,
-``utilization_switch = 1`` together with ``recent_kernel = 2``.  After each tick the monitor
-records, per container, the value it left in each word (what it wrote, or what it read and
-kept).  At the next tick a word that holds anything else was changed by a third party: on a
-node being cut over from HAMi that is HAMi's own vGPUmonitor, whose Observe decrements
-``recent_kernel`` and blocks and releases containers on its own schedule.
+``utilization_switch = 1`` together with it.  After each tick the monitor records the value
+it left in each word; at the next tick a word holding anything else was changed by a third
+party - on a node being cut over, HAMi's own vGPUmonitor.
 
-One odd value proves little (a region re-created under the same name between two ticks, a
-write that raced a process's launch), so the verdict needs unexplained changes on
-:data:`FIRE_TICKS` of the last :data:`WINDOW` ticks, and clears only after :data:`CLEAR_TICKS`
-ticks in a row without one.  The detector never changes what the monitor writes: two
-monitors that fight by rewriting faster only make the tenants' feedback worse.
-
-A quiet node (no container launching kernels) gives a second monitor nothing to change:
-both write nothing, so nothing is seen - and nothing is fought over either.  No I/O here.
+One odd value proves little (a region re-created between two ticks, a write racing a
+launch), so the verdict needs unexplained changes on :data:`FIRE_TICKS` of the last
+:data:`WINDOW` ticks, and clears after :data:`CLEAR_TICKS` quiet ticks in a row.  The
+detector never changes what the monitor writes: two monitors that fight only make the
+tenants' feedback worse.  A quiet node gives a second monitor nothing to change, so nothing
+is seen there.  No I/O here.
 """
 
 from __future__ import annotations

@@ -4,22 +4,14 @@ How this works: once per tick the monitor hands each loaded container's snapshot
 :class:`ProcessClassifier` and :class:`BlockTracker` and keeps one immutable
 :class:`ContainerInsight` per container, which the collector and the debug view read.
 
-- **Processes**: every live slot is ``running`` (its host PID is alive in the host PID
-  namespace), ``exited`` (a host PID is set but no such process exists: the slot still counts
-  in upstream's sums) or ``unknown`` (host PID 0: HAMi-core never learned it).  Liveness is
-  decided once per tick for every distinct host PID of the node: up to
-  :data:`DIRECT_CHECKS` of them are asked one by one through an injected ``alive``
-  callable, more are looked up in one injected listing of the live PIDs, so a tenant with
-  1024 distinct host PIDs costs set arithmetic, not 1024 system calls, and a scrape costs
-  none.  Without the host PID namespace there is no ``alive``: every set host PID counts as
-  ``running``.
-- **Blocking**: :class:`BlockTracker` turns "was this container held by priority blocking
-  after this tick" into counters - how often it started (``blocks``) and for how long it
-  lasted (``blocked_seconds``, on a monotonic clock the caller passes in, summed tick to
-  tick).
-
-No I/O, no clock: the monitor passes the time and the liveness check.  docs/monitor.md
-(Processes and feedback state).
+A live slot is ``running`` (its host PID is alive in the host PID namespace), ``exited`` (a
+host PID is set but no such process exists; it still counts in upstream's sums) or
+``unknown`` (host PID 0).  Liveness is decided once per tick for every distinct host PID of
+the node: up to :data:`DIRECT_CHECKS` through an injected ``alive`` callable, more through
+one injected listing, so 1024 host PIDs cost set arithmetic, not 1024 system calls.
+:class:`BlockTracker` turns "held by priority blocking after this tick" into ``blocks`` and
+``blocked_seconds`` on a clock the caller passes in.  No I/O, no clock of its own:
+docs/monitor.md (Processes and feedback state).
 """
 
 from __future__ import annotations

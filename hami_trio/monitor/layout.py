@@ -30,6 +30,8 @@ __all__ = [
     "MISLAYOUT_SIZES",
     "REGION_TABLE",
     "SLOT_TABLE",
+    "TAIL_INDEX",
+    "TAIL_MEMBERS",
     "UUID_SIZE",
     "ControlField",
     "Format",
@@ -138,12 +140,35 @@ USED_FIELDS: Mapping[str, int] = MappingProxyType(
 UTIL_FIELDS: Mapping[str, int] = MappingProxyType({"dec_util": 0, "enc_util": 8, "sm_util": 16})
 
 
+def _members(first: str, last: str) -> tuple[str, ...]:
+    names = [row[0] for row in REGION_TABLE]
+    return tuple(names[names.index(first) : names.index(last) + 1])
+
+
+#: The members after the process slots that the monitor reads (the tail range), in the
+#: table's order.  ``sem_postinit`` follows them and is not read.
+TAIL_MEMBERS: tuple[str, ...] = _members("proc_num", "last_kernel_time")
+
+
+#: Where each tail member's value is in a decoded tail (the tuple ``tail_struct`` unpacks,
+#: extended by ``tail_absent``), by name: readers index it through these, never by a number.
+TAIL_INDEX: Mapping[str, int] = MappingProxyType({name: i for i, name in enumerate(TAIL_MEMBERS)})
+
+#: The ``struct`` code of a tail member by its size: its 4-byte members are C ``int32``, its
+#: 8-byte one (``last_kernel_time``) ``uint64``.
+_TAIL_CODES: Mapping[int, str] = MappingProxyType({4: "i", 8: "Q"})
+
+
 @dataclass(frozen=True, slots=True)
 class Layout:
     """Absolute offsets of one format, derived from the tables (the hot paths use these).
 
-    ``tail_offset``/``tail_size`` cover ``proc_num .. priority`` (and ``last_kernel_time`` in
-    v1): everything the monitor reads after the process slots, in one contiguous range.
+    ``tail_offset``/``tail_size`` cover the :data:`TAIL_MEMBERS` the format has
+    (``proc_num .. priority``, and ``last_kernel_time`` in v1): everything the monitor reads
+    after the process slots, in one contiguous range.  ``tail_struct`` unpacks that range
+    into the members the format has, in :data:`TAIL_MEMBERS` order; ``tail_absent`` holds a
+    0 for each one it lacks (they come last): ``unpacked + tail_absent`` has every member, at
+    its :data:`TAIL_INDEX`.
     """
 
     format: Format
@@ -169,6 +194,8 @@ class Layout:
     last_kernel_time: int | None
     tail_offset: int
     tail_size: int
+    tail_struct: struct.Struct
+    tail_absent: tuple[int, ...]
 
     @property
     def name(self) -> str:
@@ -223,8 +250,18 @@ def _build(fmt: Format) -> Layout:
     assert used is not None
     assert util is not None
     lkt = _lookup(REGION_TABLE, fmt, "last_kernel_time")
-    tail_offset = off("proc_num")
-    tail_end = lkt[0] + lkt[1] if lkt is not None else off("priority") + 4
+    tail_offset, tail_format, tail_end, absent = off(TAIL_MEMBERS[0]), "<", -1, 0
+    for name in TAIL_MEMBERS:
+        found = _lookup(REGION_TABLE, fmt, name)
+        if found is None:
+            absent += 1
+            continue
+        if absent:  # pragma: no cover - the tables put the members a format lacks last
+            raise AssertionError(f"{fmt.value}: tail member {name} after an absent one")
+        at, width = found
+        gap = at - (tail_offset if tail_end < 0 else tail_end)
+        tail_format += f"{gap}x" * (gap > 0) + _TAIL_CODES[width]
+        tail_end = at + width
     return Layout(
         format=fmt,
         sizeof=size(REGION_TABLE),
@@ -249,6 +286,8 @@ def _build(fmt: Format) -> Layout:
         last_kernel_time=lkt[0] if lkt is not None else None,
         tail_offset=tail_offset,
         tail_size=tail_end - tail_offset,
+        tail_struct=struct.Struct(tail_format),
+        tail_absent=(0,) * absent,
     )
 
 

@@ -4,33 +4,27 @@ How this works: each :meth:`ContainerLister.update` lists the containers directo
 (sorted; only real directories named ``{PodUID}_{ContainerName}``), asks the
 :class:`~hami_trio.pods.source.PodSource` about each pod, and for each container checks that
 its open :mod:`~hami_trio.monitor.region` handle still names the same ``.cache`` file, reads
-it, or (re-)lists the directory to open one.  The name check is an ``lstat``, except for a
-directory that :mod:`~hami_trio.monitor.watch` (inotify) watches and saw no name change in
-since the last tick: that one is read straight away, its size checked by the read itself
-(:meth:`~hami_trio.monitor.region.RegionHandle.read_probed`).  Directories of pods gone
-longer than the resync interval leave the view and go to
-:meth:`ContainerLister.serve_removals` (:mod:`~hami_trio.monitor.remover`, a budgeted step
-per tick over as many queued directories as it covers, off the tick).  The tick
-checkpoints by work done (about one unit per byte read or listed, see the constants
-below); large directories are listed in a worker thread.  The result is one immutable
-mapping per tick (:meth:`ContainerLister.containers`).  Rules and reasons: docs/monitor.md
-(Discovery, How one region is read, Tenant threat model).
+it, or (re-)lists the directory to open one.  The name check is an ``lstat``, skipped for a
+directory the inotify watch (:mod:`~hami_trio.monitor.watch`) saw no name change in.
+
+Directories of pods gone longer than the resync interval leave the view and go to the
+:class:`~hami_trio.monitor.remover.RemovalQueue`.  The tick checkpoints by work done (about
+one unit per byte read or listed, see the constants below); large directories are listed in
+a worker thread.  The result is one immutable mapping per tick
+(:meth:`ContainerLister.containers`).  Rules and reasons: docs/monitor.md (Discovery, How one
+region is read, Tenant threat model).
 """
 
 from __future__ import annotations
 
-import enum
 import errno
 import logging
 import operator
 import os
 import stat
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Generic, NamedTuple, TypeVar
 
 import trio
 
@@ -46,14 +40,16 @@ from hami_trio.monitor.layout import (
     is_initialising,
 )
 from hami_trio.monitor.region import RegionHandle
-from hami_trio.monitor.remover import (
-    MAX_TREES_PER_STEP,
-    Budget,
-    QueuedStep,
-    TreeRemover,
-    remove_queued,
+from hami_trio.monitor.remover import Budget, RemovalQueue
+from hami_trio.monitor.snapshot import TickSnapshot
+from hami_trio.monitor.state import (
+    ContainerKey,
+    ContainerStatus,
+    Rejection,
+    TickState,
+    new_container_state,
+    parse_container_dirname,
 )
-from hami_trio.monitor.snapshot import TickSnapshot, UsageSnapshot, _constructor
 from hami_trio.monitor.watch import DirectoryWatch
 from hami_trio.pods.source import PodSource
 
@@ -66,12 +62,7 @@ __all__ = [
     "MAX_DIR_ENTRIES",
     "MAX_STEP_WORK",
     "WORK_PER_CHECKPOINT",
-    "ContainerKey",
     "ContainerLister",
-    "ContainerState",
-    "ContainerStatus",
-    "Rejection",
-    "parse_container_dirname",
 ]
 
 logger = logging.getLogger(__name__)
@@ -131,80 +122,6 @@ class _Pending:
     def __init__(self, tracked: _Tracked, fd: int) -> None:
         self.tracked = tracked
         self.fd = fd
-
-
-class ContainerKey(NamedTuple):
-    """A container directory ``{pod_uid}_{container_name}``, split on the first ``_``."""
-
-    pod_uid: str
-    container_name: str
-
-    @property
-    def dirname(self) -> str:
-        """The directory name this key came from."""
-        return f"{self.pod_uid}_{self.container_name}"
-
-
-def parse_container_dirname(name: str) -> ContainerKey | None:
-    """Split a container directory name on the first ``_``.
-
-    Returns:
-        The key, or None when there is no ``_`` or either part is empty (HAMi's rule).
-    """
-    pod_uid, sep, container = name.partition("_")
-    if not sep or not pod_uid or not container:
-        return None
-    return ContainerKey(pod_uid, container)
-
-
-class ContainerStatus(enum.Enum):
-    """Where a container stands this tick."""
-
-    LOADED = "loaded"  # snapshot is set
-    NO_CACHE_FILE = "no_cache_file"  # directory exists, HAMi-core has not created the file yet
-    REJECTED = "rejected"  # rejection is set
-
-
-class Rejection(NamedTuple):
-    """Why a container's file was not used this tick."""
-
-    reason: RejectReason
-    message: str
-
-
-#: What a container state carries of its region: the tick's part or the usage read's.
-S = TypeVar("S", TickSnapshot, UsageSnapshot)
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerState(Generic[S]):
-    """One container as of the latest tick (``snapshot``: a
-    :class:`~hami_trio.monitor.snapshot.TickSnapshot`) or usage read (a
-    :class:`~hami_trio.monitor.snapshot.UsageSnapshot`).  Immutable; safe to share between
-    tasks and threads."""
-
-    key: ContainerKey
-    directory: str
-    cache_file: str | None
-    status: ContainerStatus
-    snapshot: S | None
-    rejection: Rejection | None
-
-    @property
-    def pod_uid(self) -> str:
-        """The pod UID from the directory name."""
-        return self.key.pod_uid
-
-    @property
-    def container_name(self) -> str:
-        """The container name from the directory name."""
-        return self.key.container_name
-
-
-#: ``ContainerState(*fields)``, faster (see snapshot's ``_constructor``); either kind.
-new_container_state: Callable[..., Any] = _constructor(ContainerState)
-#: A container as of the latest tick.
-TickState = ContainerState[TickSnapshot]
 
 
 class _Tracked:
@@ -288,16 +205,9 @@ class ContainerLister:
         self._on_reject = on_reject
         self._wall_clock = wall_clock
         self._tracked: dict[str, _Tracked] = {}
-        self._on_removal = on_removal
-        self._removal_budget = removal_budget if removal_budget is not None else Budget()
-        # Directories scheduled for removal (the tick skips them) in order, with the inode
-        # the tick listed, and the one being removed now.
-        self._removing: set[str] = set()
-        self._removal_queue: deque[tuple[str, int | None]] = deque()
-        # trio.current_time() at which each pending one was scheduled, in that order.
-        self._removal_since: dict[str, float] = {}
-        self._remover: TreeRemover | None = None
-        self._removal_wanted = trio.Event()
+        self._removals = RemovalQueue(
+            self._root, budget=removal_budget, on_removal=on_removal, log_interval=log_interval
+        )
         self._warned: set[str] = set()
         self._root_missing_logged = False
         self._limiter = RateLimiter(log_interval, max_keys=4096)
@@ -342,6 +252,12 @@ class ContainerLister:
         return self._unwatched
 
     @property
+    def removals(self) -> RemovalQueue:
+        """The gone pods' directories this lister scheduled for removal (run its
+        :meth:`~hami_trio.monitor.remover.RemovalQueue.serve` beside the ticks)."""
+        return self._removals
+
+    @property
     def containers_dir(self) -> str:
         """The directory this lister scans."""
         return self._root
@@ -374,7 +290,7 @@ class ContainerLister:
             seen: set[str] = set()
             now = self._wall_clock()
             tracked_of = self._tracked
-            quiet, removing = self._watch.quiet, self._removing
+            quiet, removing = self._watch.quiet, self._removals.scheduled
             lookup, authoritative = self._pods.lookup, self._pods.authoritative
             for entry in entries:
                 # The usual container, in one pass: followed, its file open, its directory
@@ -417,8 +333,7 @@ class ContainerLister:
             self._warned.intersection_update(entry.name for entry in entries)
         self._view = MappingProxyType(states)
         self._handles = MappingProxyType(handles)
-        if self._removing:
-            self._removal_wanted.set()  # one removal step per tick (serve_removals)
+        self._removals.wake()  # one removal step per tick that left some scheduled
         return self._view
 
     async def _entries(self, root_fd: int) -> list[os.DirEntry[str]] | None:
@@ -545,7 +460,7 @@ class ContainerLister:
                 )
                 return None
             key = parsed
-        if name in self._removing:
+        if name in self._removals.scheduled:
             return None  # being removed: not read, not written, not decided again
         if (
             self._pods.lookup(key.pod_uid) is None
@@ -577,117 +492,7 @@ class ContainerLister:
             name,
             self._resync,
         )
-        self._removing.add(name)
-        self._removal_queue.append((name, entry.inode()))
-        self._removal_since[name] = trio.current_time()
-
-    @property
-    def removals_pending(self) -> int:
-        """Directories scheduled for removal and not yet finished (the current one included)."""
-        return len(self._removing)
-
-    def oldest_removal_age(self) -> float:
-        """Seconds (``trio.current_time()``) since the longest-waiting pending removal was
-        scheduled; 0 when none is pending."""
-        for since in self._removal_since.values():  # in scheduling order: the first is oldest
-            return max(0.0, trio.current_time() - since)
-        return 0.0
-
-    @property
-    def removal_in_progress(self) -> bool:
-        """True while one removal's descriptors are open (between two steps of it)."""
-        return self._remover is not None
-
-    async def serve_removals(self) -> None:
-        """Run the removals, one budgeted step after each tick that found work; never returns.
-
-        A step spends its budget on as many queued directories as it covers, one after the
-        other (:func:`~hami_trio.monitor.remover.remove_queued`).
-
-        Run it in the nursery of whoever calls :meth:`update` (the Monitor does); cancelling
-        it waits for at most one step's budget (a worker thread cannot be interrupted).
-        """
-        while True:
-            await self._removal_wanted.wait()
-            self._removal_wanted = trio.Event()
-            await self.remove_step()
-
-    async def remove_step(self) -> bool:
-        """One budgeted step over the queued removals, in a worker thread.
-
-        Returns:
-            True while removals remain scheduled.
-        """
-        if self._remover is None and not self._removal_queue:
-            return False
-        queue = self._removal_queue
-        taken = [queue.popleft() for _ in range(min(len(queue), MAX_TREES_PER_STEP))]
-        step = QueuedStep(self._root, self._remover, taken)
-        self._remover = None
-        try:
-            await trio.to_thread.run_sync(remove_queued, step, self._removal_budget)
-        finally:
-            # Also when it raised: the ended ones are reported, the rest go back in order.
-            queue.extendleft(reversed(taken[step.taken :]))
-            for ended in step.ended:
-                self._removal_ended(ended)
-            if step.current is not None:
-                self._report_failures(step.current)
-                self._remover = step.current
-            if step.parked is not None:  # a huge one: behind those queued since
-                self._report_failures(step.parked)
-                queue.append((step.parked.name, step.parked.inode))
-        return bool(self._removing)
-
-    def _removal_ended(self, remover: TreeRemover) -> None:
-        self._report_failures(remover)
-        self._removing.discard(remover.name)
-        self._removal_since.pop(remover.name, None)
-        outcome = remover.outcome or "failed"
-        if outcome == "removed":
-            logger.info("removed %s (%d entries)", remover.path, remover.removed)
-        else:
-            self._limiter.log(
-                logger,
-                logging.WARNING,
-                ("removal", remover.name),
-                "could not remove all of %s: %d entries not removed (removed %d); the "
-                "tick decides again (once it is older than the resync interval)",
-                remover.path,
-                remover.failures,
-                remover.removed,
-            )
-        if self._on_removal is not None:
-            self._on_removal(outcome)
-
-    def _report_failures(self, remover: TreeRemover) -> None:
-        failures, dropped = remover.drain_failures()
-        for failure in failures:
-            self._limiter.log(
-                logger,
-                logging.WARNING,
-                ("remove", remover.name, failure.reason),
-                "removing %s: not removed: %r: %s",
-                remover.path,
-                failure.path,
-                failure.reason,
-            )
-        if dropped:
-            self._limiter.log(
-                logger,
-                logging.WARNING,
-                ("remove-more", remover.name),
-                "removing %s: %d more entries not removed",
-                remover.path,
-                dropped,
-            )
-
-    def _stop_removal(self) -> None:
-        remover, self._remover = self._remover, None
-        if remover is not None:
-            remover.close()
-            # Resumed (from what is left) by the next serve_removals.
-            self._removal_queue.appendleft((remover.name, None))
+        self._removals.schedule(name, entry.inode())
 
     def _forget(self, seen: set[str]) -> None:
         for name in self._tracked.keys() - seen:  # a set difference, in C
@@ -1001,7 +806,7 @@ class ContainerLister:
         for key, values in grouped.items():
             dirname = key.dirname
             tracked = self._tracked.get(dirname)
-            if tracked is None or tracked.handle is None or dirname in self._removing:
+            if tracked is None or tracked.handle is None or dirname in self._removals.scheduled:
                 continue
             try:
                 tracked.handle.write_controls(values)
@@ -1027,7 +832,8 @@ class ContainerLister:
 
     def close(self) -> None:
         """Close every handle and the current removal's descriptors (the view stays readable;
-        an unfinished removal resumes with the next :meth:`serve_removals`)."""
+        an unfinished removal resumes with the next :meth:`RemovalQueue.serve
+        <hami_trio.monitor.remover.RemovalQueue.serve>`)."""
         self._watch.close()  # every watch at once, before the handles
         self._forget(set())
-        self._stop_removal()
+        self._removals.stop()

@@ -8,29 +8,24 @@ the writes in batches of :data:`WRITE_BATCH` containers, each after a checkpoint
 and runs the lister's removals beside it.  While the MIG lock exists (watched with
 inotify and checked before every tick and every batch of writes) the loop's cancel scope is
 cancelled and no region is touched; a lock directory that root or the agent does not
-control is refused (:func:`probe_mig_lock`) and never followed.  :func:`serve_monitor`
-reports the :class:`Monitor` once the first tick is done.  Self-metrics, the MIG pause and the API:
-docs/monitor.md.
+control is refused and never followed (:mod:`~hami_trio.monitor.miglock` checks and
+watches it).  :func:`serve_monitor` reports the :class:`Monitor` once the first tick is
+done.  Self-metrics, the MIG pause and the API: docs/monitor.md.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeVar, get_args
+from typing import TYPE_CHECKING, TypeVar
 
-import inotify_simple
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from hami_trio._fs import file_kind
 from hami_trio._trio import raise_fd_limit
 from hami_trio.errors import ConfigError
 from hami_trio.logs import RateLimiter
@@ -38,27 +33,31 @@ from hami_trio.monitor.explain import Explainer
 from hami_trio.monitor.feedback import Write, observe
 from hami_trio.monitor.foreign import CLEAR_TICKS, ForeignWriterDetector
 from hami_trio.monitor.insight import BlockTracker
-from hami_trio.monitor.layout import ControlField, RejectReason
-from hami_trio.monitor.lister import ContainerKey, ContainerLister, TickState
+from hami_trio.monitor.layout import ControlField
+from hami_trio.monitor.lister import ContainerLister
 from hami_trio.monitor.liveness import in_host_pid_namespace, live_pids, pid_alive
+from hami_trio.monitor.miglock import (
+    DEFAULT_MIG_LOCK_PATH,
+    LockWatch,
+    MigLockProblem,
+    probe_mig_lock,
+)
 from hami_trio.monitor.scope import Claim, FeedbackScope, GrantsOf
 from hami_trio.monitor.snapshot import TickSnapshot, UsageSnapshot
+from hami_trio.monitor.state import ContainerKey, TickState
+from hami_trio.monitor.stats import MonitorCollector, MonitorStats
 from hami_trio.monitor.usage import EMPTY_TICK, EMPTY_USAGE, TickView, UsageReader, UsageView
-from hami_trio.monitor.watch import WATCH_FALLBACKS
 from hami_trio.pods.source import PodSource
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 __all__ = [
     "DEFAULT_INTERVAL",
-    "DEFAULT_MIG_LOCK_PATH",
     "DEFAULT_RESYNC_INTERVAL",
-    "MIG_LOCK_REASONS",
     "WRITE_BATCH",
-    "MigLockProblem",
-    "MigLockReason",
     "Monitor",
     "MonitorConfig",
-    "prepare_mig_lock_dir",
-    "probe_mig_lock",
     "serve_monitor",
 ]
 
@@ -67,21 +66,8 @@ K = TypeVar("K", bound=Hashable)
 
 DEFAULT_INTERVAL = 5.0
 DEFAULT_RESYNC_INTERVAL = 300.0
-DEFAULT_MIG_LOCK_PATH = Path("/tmp/hami/hami-mig-apply.lock")
 HOOK_PATH_ENV = "HOOK_PATH"
 RESYNC_ENV = "HAMI_RESYNC_INTERVAL"
-_TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-_LOCK_EVENTS = (
-    inotify_simple.flags.CREATE
-    | inotify_simple.flags.DELETE
-    | inotify_simple.flags.MOVED_FROM
-    | inotify_simple.flags.MOVED_TO
-    | inotify_simple.flags.DELETE_SELF
-    | inotify_simple.flags.MOVE_SELF
-)
-_LOST_EVENTS = (
-    inotify_simple.flags.IGNORED | inotify_simple.flags.DELETE_SELF | inotify_simple.flags.MOVE_SELF
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,210 +102,6 @@ class MonitorConfig:
         return self.hook_path / "containers"
 
 
-#: Why the MIG lock directory was refused (the ``reason`` label of
-#: ``hami_trio_monitor_mig_lock_refusals_total``): its parent cannot be trusted (``parent``),
-#: a symlink (``symlink``) or something other than a directory (``not-directory``) is at its
-#: name, it belongs to a UID other than root or the agent's (``owner``), group or others can
-#: write to it (``mode``), or a system call failed (``error``).
-MigLockReason = Literal["parent", "symlink", "not-directory", "owner", "mode", "error"]
-MIG_LOCK_REASONS: tuple[MigLockReason, ...] = get_args(MigLockReason)
-#: The MIG lock directory's mode, as HAMi's device plugin creates it.
-MIG_LOCK_DIR_MODE = 0o755
-_PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-@dataclass(frozen=True, slots=True)
-class MigLockProblem:
-    """Why the MIG lock directory is refused: a metric label and a message for operators."""
-
-    reason: MigLockReason
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class _LockProbe:
-    present: bool
-    problem: MigLockProblem | None = None
-    #: Set when the check could not run for want of a descriptor (EMFILE, ENFILE): whether
-    #: the lock exists is not known, which the monitor treats as "locked".
-    unchecked: OSError | None = None
-
-
-#: The errors that say "no descriptor to check with", not anything about the lock.
-NO_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
-
-
-def _trusted_uids() -> frozenset[int]:
-    return frozenset({0, os.geteuid()})
-
-
-def probe_mig_lock(lock_path: Path, *, create: bool = False) -> _LockProbe:
-    """Is the MIG lock there, in a directory that only root (or the agent) controls?
-
-    Every step is relative to a descriptor, and nothing is followed:
-
-    1. the directory's parent (``/tmp``) is opened ``O_PATH|O_DIRECTORY|O_NOFOLLOW``; it must
-       belong to root or the agent's UID and, if group or others can write to it, be sticky
-       (otherwise anyone could rename the directory away and put theirs in its place);
-    2. the directory is opened relative to it with ``O_PATH|O_NOFOLLOW`` - a symlink is
-       opened as itself, never followed - and ``fstat``-ed: a directory of root or the
-       agent's UID that neither group nor others can write to (HAMi's device plugin and this
-       agent create it with mode 0755).  With ``create``, a missing directory is made with
-       ``mkdirat`` (mode 0755, restored with ``fchmod`` if the umask took bits away);
-    3. the lock is ``fstatat(dir_fd, name, AT_SYMLINK_NOFOLLOW)``: whatever entry has that
-       name counts, as in HAMi (only root can have made it there).
-
-    An unsafe directory yields ``present=False`` with the problem: a directory someone else
-    controls must neither pause the monitor nor be watched.  A missing parent, directory or
-    lock is simply no lock.  Out of descriptors (EMFILE, ENFILE) the check has not run:
-    ``unchecked`` holds the error and nothing is concluded.  Never raises ``OSError``.
-    """
-    directory = lock_path.parent
-    trusted = _trusted_uids()
-    try:
-        parent_fd = os.open(directory.parent, _PATH_FLAGS | os.O_DIRECTORY)
-    except FileNotFoundError:
-        return _LockProbe(False)
-    except OSError as exc:
-        if exc.errno in NO_DESCRIPTORS:
-            return _LockProbe(False, unchecked=exc)
-        return _refused(
-            "parent",
-            f"cannot open its parent {directory.parent} without following "
-            f"symlinks ({exc.strerror or exc})",
-            directory,
-        )
-    try:
-        st = os.fstat(parent_fd)
-        mode = stat.S_IMODE(st.st_mode)
-        if st.st_uid not in trusted:
-            return _refused(
-                "parent", f"its parent {directory.parent} is owned by UID {st.st_uid}", directory
-            )
-        if mode & 0o022 and not mode & stat.S_ISVTX:
-            return _refused(
-                "parent",
-                f"its parent {directory.parent} is writable by others (mode {mode:04o}) but "
-                "not sticky",
-                directory,
-            )
-        dir_fd = _open_lock_dir(parent_fd, directory.name, create)
-        if dir_fd is None:
-            return _LockProbe(False)
-        try:
-            problem = _check_lock_dir(os.fstat(dir_fd), directory, trusted)
-            if problem is not None:
-                return _LockProbe(False, problem)
-            try:
-                os.stat(lock_path.name, dir_fd=dir_fd, follow_symlinks=False)
-            except FileNotFoundError:
-                return _LockProbe(False)
-            return _LockProbe(True)
-        finally:
-            os.close(dir_fd)
-    except OSError as exc:
-        if exc.errno in NO_DESCRIPTORS:
-            return _LockProbe(False, unchecked=exc)
-        return _refused("error", f"cannot check it ({exc.strerror or exc})", directory)
-    finally:
-        os.close(parent_fd)
-
-
-def _refused(reason: MigLockReason, problem: str, directory: Path) -> _LockProbe:
-    recovery = (
-        f"remove it (`rm -rf {directory}` as root after checking what it is); the agent "
-        "recreates it root-owned with mode 0755 at its next tick"
-    )
-    if reason == "parent":
-        recovery = f"make {directory.parent} root-owned and sticky (mode 1777, like /tmp)"
-    elif reason == "error":
-        recovery = "fix the cause above"
-    return _LockProbe(
-        False,
-        MigLockProblem(
-            reason,
-            f"MIG lock directory {directory} refused: {problem}; MIG locks in it are ignored "
-            f"and the monitor keeps running; recovery: {recovery}",
-        ),
-    )
-
-
-def _open_lock_dir(parent_fd: int, name: str, create: bool) -> int | None:
-    try:
-        return os.open(name, _PATH_FLAGS, dir_fd=parent_fd)
-    except FileNotFoundError:
-        if not create:
-            return None
-    try:
-        os.mkdir(name, MIG_LOCK_DIR_MODE, dir_fd=parent_fd)
-    except FileExistsError:
-        pass  # raced: whatever is there now is opened without following and checked
-    else:
-        # Restore what the umask removed, through a descriptor of what we just made.
-        made = os.open(
-            name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd
-        )
-        try:
-            if os.fstat(made).st_uid in _trusted_uids():
-                os.fchmod(made, MIG_LOCK_DIR_MODE)
-        finally:
-            os.close(made)
-    try:
-        return os.open(name, _PATH_FLAGS, dir_fd=parent_fd)
-    except FileNotFoundError:
-        return None
-
-
-def _check_lock_dir(
-    st: os.stat_result, directory: Path, trusted: frozenset[int]
-) -> MigLockProblem | None:
-    refused: _LockProbe | None = None
-    if stat.S_ISLNK(st.st_mode):
-        refused = _refused("symlink", "it is a symlink; it is never followed", directory)
-    elif not stat.S_ISDIR(st.st_mode):
-        refused = _refused(
-            "not-directory", f"it is a {file_kind(st.st_mode)}, not a directory", directory
-        )
-    elif st.st_uid not in trusted:
-        refused = _refused(
-            "owner",
-            f"it is owned by UID {st.st_uid}, not root or the agent's UID, so that user could "
-            "pause the monitor at will",
-            directory,
-        )
-    elif stat.S_IMODE(st.st_mode) & 0o022:
-        refused = _refused(
-            "mode",
-            f"group or others can write to it (mode {stat.S_IMODE(st.st_mode):04o}), so they "
-            "could pause the monitor at will",
-            directory,
-        )
-    return None if refused is None else refused.problem
-
-
-def prepare_mig_lock_dir(directory: Path) -> MigLockProblem | None:
-    """Create the MIG lock directory with mode 0755 if it is missing (never fatal).
-
-    Creation and checks go through descriptors (see :func:`probe_mig_lock`); its missing
-    ancestors are created with ``os.makedirs``.  An existing safe directory is left as it is
-    (HAMi's device plugin creates the same one).  Failures and an unsafe directory are
-    logged: the monitor starts anyway, re-checks the directory every tick, and ignores locks
-    in an unsafe one.
-
-    Returns:
-        The problem with the directory, or None when it is (now) safe or cannot be made.
-    """
-    try:
-        os.makedirs(directory.parent, mode=0o755, exist_ok=True)
-    except OSError as exc:
-        logger.warning("cannot create MIG lock directory %s: %s", directory, exc)
-        return None
-    probe = probe_mig_lock(directory / DEFAULT_MIG_LOCK_PATH.name, create=True)
-    if probe.problem is not None:
-        logger.warning("%s", probe.problem.message, extra={"event": "mig_lock_dir_unsafe"})
-    return probe.problem
-
-
 #: Containers whose control words one batch of writes stores (the tick checkpoints and
 #: checks the MIG lock before each batch): a few milliseconds of ``fstat`` + ``pwrite``.
 WRITE_BATCH = 256
@@ -342,244 +124,14 @@ def _batches(writes: Sequence[Write[K]], containers: int) -> list[Sequence[Write
     return batches
 
 
-class _SelfMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.tick = Histogram(
-            "hami_trio_monitor_tick_duration_seconds",
-            "Wall time of one monitor tick (refresh, Observe, write back).",
-            buckets=_TICK_BUCKETS,
-            registry=registry,
-        )
-        self.last_tick = Gauge(
-            "hami_trio_monitor_last_tick_timestamp_seconds",
-            "Unix time at which the latest monitor tick completed (0 before the first).",
-            registry=registry,
-        )
-        self.rejected = Counter(
-            "hami_trio_monitor_files_rejected_total",
-            "Times a container's .cache file started being rejected, by reason.",
-            ["reason"],
-            registry=registry,
-        )
-        self.paused = Gauge(
-            "hami_trio_monitor_mig_paused",
-            "1 while the MIG apply lock holds the feedback loop paused.",
-            registry=registry,
-        )
-        for reason in RejectReason:
-            self.rejected.labels(reason=reason.value)
-        self.mig_dir_unsafe = Gauge(
-            "hami_trio_monitor_mig_lock_dir_unsafe",
-            "1 while the MIG lock directory is refused as unsafe (not a directory of root or "
-            "the agent that only they can write to); MIG locks in it are ignored meanwhile.",
-            registry=registry,
-        )
-        self.mig_dir_refusals = Counter(
-            "hami_trio_monitor_mig_lock_refusals_total",
-            "Times the MIG lock directory started being refused as unsafe, by reason.",
-            ["reason"],
-            registry=registry,
-        )
-        for mig_reason in MIG_LOCK_REASONS:
-            self.mig_dir_refusals.labels(reason=mig_reason)
-        self.removals = Counter(
-            "hami_trio_monitor_removals_total",
-            "Removals of gone pods' container directories that ended, by outcome "
-            "(removed, failed: something was left behind).",
-            ["outcome"],
-            registry=registry,
-        )
-        for outcome in ("removed", "failed"):
-            self.removals.labels(outcome=outcome)
-        self.removals_pending = Gauge(
-            "hami_trio_monitor_removals_pending",
-            "Gone pods' container directories scheduled for removal and not yet removed, as "
-            "of the latest tick.",
-            registry=registry,
-        )
-        self.removal_oldest = Gauge(
-            "hami_trio_monitor_removal_oldest_pending_seconds",
-            "Seconds the longest-waiting pending removal has waited since it was scheduled "
-            "(0: none pending), as of the latest tick.",
-            registry=registry,
-        )
-        self.resync_interval = Gauge(
-            "hami_trio_monitor_resync_interval_seconds",
-            "How long a gone pod's directory is kept before it is scheduled for removal.",
-            registry=registry,
-        )
-        self.liveness = Gauge(
-            "hami_trio_monitor_process_liveness_checked",
-            "1 when the agent is in the host PID namespace and tells exited processes from "
-            "running ones (hami_trio_container_processes); 0: every set host PID counts as "
-            "running.",
-            registry=registry,
-        )
-        self.liveness_checks = Counter(
-            "hami_trio_monitor_process_liveness_checks_total",
-            "Host PIDs checked one by one for liveness (kill(pid, 0); at most 256 per tick).",
-            registry=registry,
-        )
-        self.liveness_listings = Counter(
-            "hami_trio_monitor_process_listings_total",
-            "Ticks that listed /proc once instead (more than 256 distinct host PIDs).",
-            registry=registry,
-        )
-        self.watched = Gauge(
-            "hami_trio_monitor_watched_directories",
-            "Container directories watched with inotify (a quiet one is read without an "
-            "lstat of its .cache file), as of the latest tick.",
-            registry=registry,
-        )
-        self.unwatched = Gauge(
-            "hami_trio_monitor_unwatched_directories",
-            "Containers of the latest tick with an open .cache file but no inotify watch "
-            "(watch cap, fs.inotify.max_user_watches used up, or no inotify): checked with "
-            "lstat every tick.",
-            registry=registry,
-        )
-        self.watch_fallbacks = Counter(
-            "hami_trio_monitor_watch_fallbacks_total",
-            "Ticks on which no container directory could rely on its inotify watch, so every "
-            "one was checked with lstat, by reason (overflow, flood, error, root).",
-            ["reason"],
-            registry=registry,
-        )
-        for watch_reason in WATCH_FALLBACKS:
-            self.watch_fallbacks.labels(reason=watch_reason)
-        self.foreign_writer = Gauge(
-            "hami_trio_monitor_foreign_writer",
-            "1 while another writer (HAMi's own vGPUmonitor during a cut-over) is changing "
-            "the regions' control words in ways neither this monitor nor HAMi-core explains.",
-            registry=registry,
-        )
-        self.foreign_writes = Counter(
-            "hami_trio_monitor_foreign_writes_total",
-            "Control words found holding a value neither this monitor's last write nor "
-            "HAMi-core explains (recent_kernel, utilization_switch).",
-            registry=registry,
-        )
-        self.no_descriptors = Counter(
-            "hami_trio_monitor_descriptors_exhausted_total",
-            "Monitor checks that could not get a file descriptor (EMFILE, ENFILE), by check: "
-            "mig_lock (the monitor pauses, regions untouched) or containers (the last view of "
-            "the directory or container is kept).",
-            ["check"],
-            registry=registry,
-        )
-        for check in ("mig_lock", "containers"):
-            self.no_descriptors.labels(check=check)
-        self.usage_read = Gauge(
-            "hami_trio_monitor_usage_read_timestamp_seconds",
-            "Unix time at which the latest usage read (memory, utilisation, processes of "
-            "every loaded container, made when /metrics, the debug view or status asks) "
-            "started; 0 before the first.",
-            registry=registry,
-        )
-        self.usage_reads = Counter(
-            "hami_trio_monitor_usage_reads_total",
-            "Usage reads made (at most one per freshness window and tick, however many ask).",
-            registry=registry,
-        )
-        self.usage_duration = Histogram(
-            "hami_trio_monitor_usage_read_duration_seconds",
-            "Wall time of one usage read (in a worker thread, off the event loop).",
-            buckets=_TICK_BUCKETS,
-            registry=registry,
-        )
-
-
-class _LockWatch:
-    """inotify on the lock's directory; calls ``on_change`` for events about the lock.
-
-    The watch is added through ``/proc/self/fd/N`` of a descriptor that :func:`probe_mig_lock`
-    rules found safe, so it is on the directory that was checked, never on what a symlink at
-    its name points to.  While the directory is unsafe there is no watch (the tick re-checks).
-    """
-
-    def __init__(self, path: Path, on_change: Callable[[], None]) -> None:
-        self._path = path
-        self._on_change = on_change
-        self._inotify: inotify_simple.INotify | None = None
-        self._warned = False
-
-    def ensure(self) -> None:
-        """Set up the watch if it is not (still) there; failures are logged once."""
-        if self._inotify is not None:
-            return
-        probe = probe_mig_lock(self._path)
-        if probe.problem is not None or probe.unchecked is not None:
-            return
-        try:
-            fd = os.open(self._path.parent, _PATH_FLAGS | os.O_DIRECTORY)
-        except FileNotFoundError:
-            return  # not there (yet): the next check creates it, then we watch it
-        except OSError as exc:
-            self._warn(exc)
-            return
-        try:
-            st = os.fstat(fd)
-            if st.st_uid not in _trusted_uids() or stat.S_IMODE(st.st_mode) & 0o022:
-                return  # changed since the probe: the next tick re-checks
-            try:
-                notify = inotify_simple.INotify(nonblocking=True)
-            except OSError as exc:
-                self._warn(exc)
-                return
-            try:
-                notify.add_watch(f"/proc/self/fd/{fd}", _LOCK_EVENTS)
-            except OSError as exc:
-                notify.close()
-                self._warn(exc)
-                return
-        finally:
-            os.close(fd)
-        self._inotify = notify
-
-    def _warn(self, exc: OSError) -> None:
-        if not self._warned:
-            self._warned = True
-            logger.warning(
-                "cannot watch %s with inotify (%s); checking the MIG lock once per tick",
-                self._path.parent,
-                exc.strerror or exc,
-            )
-
-    async def run(self) -> None:
-        """Forward inotify events until cancelled; re-arms when the directory is replaced."""
-        while True:
-            notify = self._inotify
-            if notify is None:
-                await trio.sleep(1.0)
-                self.ensure()
-                continue
-            await trio.lowlevel.wait_readable(notify.fileno())
-            try:
-                events = notify.read(timeout=0)
-            except OSError as exc:  # pragma: no cover - reading a ready inotify fd
-                logger.warning("inotify read failed: %s", exc)
-                events = []
-            # Removed, or renamed away (the watch would follow the old directory): re-arm on
-            # whatever the name denotes now, after the probe has checked it.
-            lost = any(event.mask & _LOST_EVENTS for event in events)
-            if lost:
-                self.close()
-            if lost or any(event.name == self._path.name or not event.name for event in events):
-                self._on_change()
-
-    def close(self) -> None:
-        notify, self._inotify = self._inotify, None
-        if notify is not None:
-            notify.close()
-
-
 class Monitor:
     """The vGPU monitor: one lister, the feedback loop and the MIG pause.
 
     Args:
         config: see :class:`MonitorConfig`.
         pod_source: the live pods (Kubernetes watch, or ``StaticPodSource``).
-        registry: where the self-metrics go (a private registry if None).
+        registry: where the self-metrics' collector is registered
+            (:class:`~hami_trio.monitor.stats.MonitorCollector`; None: not exported).
         wall_clock: Unix time for directory ages (tests inject one).
         grants: what each pod gives its containers, for the feedback
             (:mod:`hami_trio.monitor.scope`); None: the files alone count, as upstream.
@@ -597,27 +149,28 @@ class Monitor:
         self._config = config
         self._wall_clock = wall_clock
         self._last_tick_time: float | None = None
-        registry = registry if registry is not None else CollectorRegistry()
-        self._metrics = _SelfMetrics(registry)
-        self._scope = FeedbackScope(pod_source, grants, registry, clock=trio.current_time)
+        stats = self._stats = MonitorStats()
+        if registry is not None:
+            registry.register(MonitorCollector(stats))
+        self._scope = FeedbackScope(pod_source, grants, stats.strays, clock=trio.current_time)
         self._lister = ContainerLister(
             config.containers_dir,
             pod_source,
             resync_interval=config.resync_interval,
-            on_reject=lambda reason: self._metrics.rejected.labels(reason=reason).inc(),
+            on_reject=stats.count_rejected,
             wall_clock=wall_clock,
-            on_removal=lambda outcome: self._metrics.removals.labels(outcome=outcome).inc(),
-            on_watch_fallback=lambda why: self._metrics.watch_fallbacks.labels(reason=why).inc(),
-            on_no_descriptors=self._metrics.no_descriptors.labels(check="containers").inc,
+            on_removal=stats.count_removal,
+            on_watch_fallback=stats.count_watch_fallback,
+            on_no_descriptors=lambda: stats.count_no_descriptors("containers"),
         )
-        self._metrics.resync_interval.set(config.resync_interval)
-        self._watch = _LockWatch(config.mig_lock_path, self._lock_changed)
+        stats.resync_interval = config.resync_interval
+        self._watch = LockWatch(config.mig_lock_path, self._lock_changed)
         self._reader = UsageReader(
             _explainer(config),
-            on_reject=lambda reason: self._metrics.rejected.labels(reason=reason).inc(),
+            on_reject=stats.count_rejected_by_usage,
             wall_clock=wall_clock,
         )
-        self._metrics.liveness.set(1 if self.checks_liveness else 0)
+        stats.liveness = 1 if self.checks_liveness else 0
         self._blocks: BlockTracker[ContainerKey] = BlockTracker()
         # What the latest tick leaves for the usage read, and the latest usage read (each
         # replaced whole, never changed: safe to read from any thread).
@@ -687,13 +240,15 @@ class Monitor:
                 return view
             self._usage = view
             assert view.read_at is not None
-            self._metrics.usage_read.set(view.read_at)
-            self._metrics.usage_reads.inc()
-            self._metrics.usage_duration.observe(view.duration)
+            # Written only here, under the usage lock (one read at a time).
+            stats = self._stats
+            stats.usage_read = view.read_at
+            stats.usage_reads += 1
+            stats.usage_duration.observe(view.duration)
             if classifier.checks > checks:
-                self._metrics.liveness_checks.inc(classifier.checks - checks)
+                stats.liveness_checks += classifier.checks - checks
             if classifier.listings > listings:
-                self._metrics.liveness_listings.inc(classifier.listings - listings)
+                stats.liveness_listings += classifier.listings - listings
             return view
 
     async def read_usage(self, max_age: float | None = None) -> UsageView:
@@ -777,7 +332,7 @@ class Monitor:
         if probe.unchecked is not None:
             # A check that cannot run is never "no lock": paused, and the directory's last
             # verdict (safe or refused) stays as it was.
-            self._metrics.no_descriptors.labels(check="mig_lock").inc()
+            self._stats.count_no_descriptors("mig_lock")
             self._limiter.log(
                 logger,
                 logging.WARNING,
@@ -795,16 +350,16 @@ class Monitor:
         previous, self._mig_problem = self._mig_problem, problem
         if problem is None:
             if previous is not None:
-                self._metrics.mig_dir_unsafe.set(0)
+                self._stats.mig_dir_unsafe = 0
                 logger.info(
                     "MIG lock directory %s is safe again: MIG locks in it pause the monitor",
                     self._config.mig_lock_path.parent,
                     extra={"event": "mig_lock_dir_safe"},
                 )
             return
-        self._metrics.mig_dir_unsafe.set(1)
+        self._stats.mig_dir_unsafe = 1
         if previous is None or previous.reason != problem.reason:
-            self._metrics.mig_dir_refusals.labels(reason=problem.reason).inc()
+            self._stats.count_mig_refusal(problem.reason)
         muted = self._mig_limiter.check(problem.reason) is None
         if not muted or previous is None or previous.reason != problem.reason:
             logger.warning(
@@ -825,10 +380,11 @@ class Monitor:
         """
         started = time.perf_counter()
         view = await self._lister.update()
-        self._metrics.watched.set(self._lister.watched_directories)
-        self._metrics.unwatched.set(self._lister.unwatched_directories)
-        self._metrics.removals_pending.set(self._lister.removals_pending)
-        self._metrics.removal_oldest.set(self._lister.oldest_removal_age())
+        stats = self._stats
+        stats.watched = self._lister.watched_directories
+        stats.unwatched = self._lister.unwatched_directories
+        stats.removals_pending = self._lister.removals.pending
+        stats.removal_oldest = self._lister.removals.oldest_age()
         snapshots: dict[ContainerKey, TickSnapshot] = {
             key: state.snapshot for key, state in view.items() if state.snapshot is not None
         }
@@ -856,8 +412,8 @@ class Monitor:
         self._ticks += 1
         self._tick_view = TickView(self._ticks, view, self._lister.handles(), self._blocks.states())
         self._last_tick_time = self._wall_clock()
-        self._metrics.last_tick.set(self._last_tick_time)
-        self._metrics.tick.observe(time.perf_counter() - started)
+        stats.last_tick = self._last_tick_time
+        stats.tick.observe(time.perf_counter() - started)
         return written
 
     def _check_foreign(self, snapshots: Mapping[ContainerKey, TickSnapshot]) -> None:
@@ -866,10 +422,10 @@ class Monitor:
         was = self._foreign.active
         seen = self._foreign.check(snapshots)
         if seen:
-            self._metrics.foreign_writes.inc(len(seen))
+            self._stats.foreign_writes += len(seen)
         if self._foreign.active == was:
             return
-        self._metrics.foreign_writer.set(1 if self._foreign.active else 0)
+        self._stats.foreign_writer = 1 if self._foreign.active else 0
         if self._foreign.active:
             first = self._foreign.last_seen[0]
             logger.warning(
@@ -960,7 +516,7 @@ class Monitor:
         if paused == self._paused:
             return
         self._paused = paused
-        self._metrics.paused.set(1 if paused else 0)
+        self._stats.paused = 1 if paused else 0
         unchecked, self._paused_unchecked = self._paused_unchecked, self._lock_unchecked is not None
         if paused and self._lock_unchecked is not None:
             logger.warning(
@@ -1017,7 +573,7 @@ class Monitor:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch.run)
-                nursery.start_soon(self._lister.serve_removals)
+                nursery.start_soon(self._lister.removals.serve)
                 next_tick = trio.current_time()
                 while not self._stopping():
                     if self._lock_present():
@@ -1080,7 +636,7 @@ async def serve_monitor(
     Args:
         config: the monitor's configuration.
         pod_source: the live pods.
-        registry: where the self-metrics go (None: a private registry).
+        registry: where the self-metrics go (None: not exported).
         task_status: receives the :class:`Monitor` after its first tick (or at once when
             paused by the MIG lock at start-up).
     """

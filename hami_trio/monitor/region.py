@@ -32,9 +32,7 @@ from hami_trio.monitor.snapshot import (
     TickDecoder,
     TickSnapshot,
     UsageSnapshot,
-    parse_static,
-    slot_rows,
-    sum_rows_without,
+    sum_slots_without,
 )
 
 __all__ = ["PROBE_SLACK", "RegionHandle", "read_region_file"]
@@ -428,9 +426,7 @@ class RegionHandle:
         head = self._pread(length, 0)
         if len(head) != length:
             raise self._shrank(len(head), length, 0)
-        static = parse_static(layout, head)
-        rows = slot_rows(layout, head, slots, static.device_count)
-        return sum_rows_without(rows, static, host_pids)
+        return sum_slots_without(layout, head, slots, host_pids)
 
     # -- writing ---------------------------------------------------------------------------
 

@@ -8,19 +8,28 @@ one budget of work and the next call resumes; entries it cannot remove become
 :class:`Failure` entries for the caller to log.  :func:`remove_queued` spends one budget over
 as many queued trees as it covers, one after the other (one :class:`TreeRemover` open at a
 time), and leaves the one it stopped in open for the next step, or, when others wait,
-closes it and puts it behind them.  The rules and the figures:
+closes it and puts it behind them.  :class:`RemovalQueue` is what the lister schedules gone
+pods' directories in: one such step after each tick that left some, in a worker thread,
+beside the tick; it logs and counts each removal that ends.  The rules and the figures:
 docs/monitor.md (Removal of a gone pod's directory).
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
+
+import trio
+
+from hami_trio.logs import RateLimiter
 
 __all__ = [
     "MAX_DEPTH",
@@ -31,9 +40,12 @@ __all__ = [
     "Budget",
     "Failure",
     "QueuedStep",
+    "RemovalQueue",
     "TreeRemover",
     "remove_queued",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Directories held open at once per removal (each costs two descriptors).
 MAX_DEPTH = 16
@@ -589,3 +601,167 @@ def remove_queued(
         step.current = None
         remover.close()
         step.ended.append(remover)
+
+
+class RemovalQueue:
+    """Gone pods' directories scheduled for removal, removed beside the tick.
+
+    The lister :meth:`schedule`-s a directory (it reads and writes it no more from then on)
+    and :meth:`wake`-s the queue after each tick; :meth:`serve` then runs one budgeted
+    :meth:`step` (in a worker thread) over as many queued directories as the budget covers.
+    Each removal that ends is logged and reported to ``on_removal``; a directory it could not
+    remove completely leaves :attr:`scheduled`, so the tick decides about it again.
+
+    Args:
+        root: the containers directory the names are in.
+        budget: the work of one step (default :class:`Budget`).
+        on_removal: called with ``"removed"`` or ``"failed"`` each time a removal ends (the
+            self-metrics counter).
+        log_interval: seconds between two log lines about the same directory.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        budget: Budget | None = None,
+        on_removal: Callable[[str], None] | None = None,
+        log_interval: float = 60.0,
+    ) -> None:
+        self._root = root
+        self._budget = budget if budget is not None else Budget()
+        self._on_removal = on_removal
+        self._limiter = RateLimiter(log_interval, max_keys=4096)
+        # Directories scheduled for removal (the tick skips them) in order, with the inode
+        # the tick listed, and the one being removed now.
+        self._removing: set[str] = set()
+        self._queue: deque[tuple[str, int | None]] = deque()
+        # trio.current_time() at which each pending one was scheduled, in that order.
+        self._since: dict[str, float] = {}
+        self._remover: TreeRemover | None = None
+        self._wanted = trio.Event()
+
+    @property
+    def scheduled(self) -> AbstractSet[str]:
+        """The names scheduled and not yet finished (the tick neither reads nor writes them)."""
+        return self._removing
+
+    def schedule(self, name: str, inode: int | None) -> None:
+        """Queue ``name`` for removal; ``inode``: what the tick listed (checked at opening)."""
+        self._removing.add(name)
+        self._queue.append((name, inode))
+        self._since[name] = trio.current_time()
+
+    def wake(self) -> None:
+        """Let :meth:`serve` run one step, if anything is scheduled (after each tick)."""
+        if self._removing:
+            self._wanted.set()
+
+    @property
+    def pending(self) -> int:
+        """Directories scheduled for removal and not yet finished (the current one included)."""
+        return len(self._removing)
+
+    def oldest_age(self) -> float:
+        """Seconds (``trio.current_time()``) since the longest-waiting pending removal was
+        scheduled; 0 when none is pending."""
+        for since in self._since.values():  # in scheduling order: the first is oldest
+            return max(0.0, trio.current_time() - since)
+        return 0.0
+
+    @property
+    def in_progress(self) -> bool:
+        """True while one removal's descriptors are open (between two steps of it)."""
+        return self._remover is not None
+
+    async def serve(self) -> None:
+        """Run the removals, one budgeted step after each :meth:`wake`; never returns.
+
+        A step spends its budget on as many queued directories as it covers, one after the
+        other (:func:`remove_queued`).
+
+        Run it in the nursery of whoever ticks the lister (the Monitor does); cancelling it
+        waits for at most one step's budget (a worker thread cannot be interrupted).
+        """
+        while True:
+            await self._wanted.wait()
+            self._wanted = trio.Event()
+            await self.step()
+
+    async def step(self) -> bool:
+        """One budgeted step over the queued removals, in a worker thread.
+
+        Returns:
+            True while removals remain scheduled.
+        """
+        if self._remover is None and not self._queue:
+            return False
+        queue = self._queue
+        taken = [queue.popleft() for _ in range(min(len(queue), MAX_TREES_PER_STEP))]
+        step = QueuedStep(self._root, self._remover, taken)
+        self._remover = None
+        try:
+            await trio.to_thread.run_sync(remove_queued, step, self._budget)
+        finally:
+            # Also when it raised: the ended ones are reported, the rest go back in order.
+            queue.extendleft(reversed(taken[step.taken :]))
+            for ended in step.ended:
+                self._ended(ended)
+            if step.current is not None:
+                self._report_failures(step.current)
+                self._remover = step.current
+            if step.parked is not None:  # a huge one: behind those queued since
+                self._report_failures(step.parked)
+                queue.append((step.parked.name, step.parked.inode))
+        return bool(self._removing)
+
+    def _ended(self, remover: TreeRemover) -> None:
+        self._report_failures(remover)
+        self._removing.discard(remover.name)
+        self._since.pop(remover.name, None)
+        outcome = remover.outcome or "failed"
+        if outcome == "removed":
+            logger.info("removed %s (%d entries)", remover.path, remover.removed)
+        else:
+            self._limiter.log(
+                logger,
+                logging.WARNING,
+                ("removal", remover.name),
+                "could not remove all of %s: %d entries not removed (removed %d); the "
+                "tick decides again (once it is older than the resync interval)",
+                remover.path,
+                remover.failures,
+                remover.removed,
+            )
+        if self._on_removal is not None:
+            self._on_removal(outcome)
+
+    def _report_failures(self, remover: TreeRemover) -> None:
+        failures, dropped = remover.drain_failures()
+        for failure in failures:
+            self._limiter.log(
+                logger,
+                logging.WARNING,
+                ("remove", remover.name, failure.reason),
+                "removing %s: not removed: %r: %s",
+                remover.path,
+                failure.path,
+                failure.reason,
+            )
+        if dropped:
+            self._limiter.log(
+                logger,
+                logging.WARNING,
+                ("remove-more", remover.name),
+                "removing %s: %d more entries not removed",
+                remover.path,
+                dropped,
+            )
+
+    def stop(self) -> None:
+        """Close the current removal's descriptors; the next :meth:`serve` step resumes it
+        (from what is left)."""
+        remover, self._remover = self._remover, None
+        if remover is not None:
+            remover.close()
+            self._queue.appendleft((remover.name, None))

@@ -1,27 +1,18 @@
 """What each container's pod gives it, for the feedback; and the files that claim more.
 
 How this works: with Kubernetes the agent hands the monitor ``grants_of(pod)`` - container
-name -> :class:`~hami_trio.monitor.feedback.Grant`, from the pod's
-``hami.io/vgpu-devices-allocated`` entry and the priority its spec sets; None for a pod
-without a usable allocation annotation.  Every tick :meth:`FeedbackScope.grants` looks up the
-pod of each loaded container in the ``PodSource`` and returns their grants; a pod's grants
-are computed once per ``PodInfo``
-object (the watch publishes a new one per change), and only for pods with loaded containers.
-A container of an annotated pod that its entry gives nothing gets an empty grant: it is
-counted on no GPU.  Without Kubernetes (no ``grants_of``), or for a pod that is unknown or
-has no annotation, there is no grant: the file counts alone, as upstream.
+name -> :class:`~hami_trio.monitor.feedback.Grant`, from the pod's allocation entry and the
+priority its spec sets, or None for a pod without a usable annotation.  Every tick
+:meth:`FeedbackScope.grants` returns the grants of the loaded containers' pods (computed once
+per ``PodInfo`` object); a container its pod's entry gives nothing is counted on no GPU.
+Without Kubernetes, or for an unknown or unannotated pod, the file counts alone, as upstream.
 
-:meth:`FeedbackScope.note` then compares every file with its grant and returns the grants
-that change something for :func:`~hami_trio.monitor.feedback.observe` (a grant that agrees
-with its file changes no write; :meth:`FeedbackScope.update` does both).  A file that claims a
-GPU UUID its allocation does not list (reason ``uuid``) or a priority other than the one its
-pod spec sets (reason ``priority``) makes a *stray claim*: the feedback counts the container
-as its pod says (:func:`~hami_trio.monitor.feedback.scoped`),
-``hami_trio_monitor_stray_claim_containers`` counts the containers doing so,
-``hami_trio_monitor_stray_claims_total`` the times one started, one warning names the
-container (at most one per container and reason per ten minutes), and
-:meth:`FeedbackScope.claim` says it in the debug view.  docs/monitor.md (Feedback: whose
-GPUs, whose priority).
+:meth:`FeedbackScope.note` compares every file with its grant: a file that claims a UUID its
+allocation does not list (``uuid``) or another priority than its pod spec (``priority``)
+makes a *stray claim*: the feedback counts the container as its pod says
+(:func:`~hami_trio.monitor.feedback.scoped`), :class:`StrayStats` counts it, one warning a
+container and reason per ten minutes names it, and :meth:`FeedbackScope.claim` shows it in
+the debug view.  docs/monitor.md (Feedback: whose GPUs, whose priority).
 """
 
 from __future__ import annotations
@@ -31,11 +22,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
-
 from hami_trio.logs import RateLimiter
 from hami_trio.monitor.feedback import Grant, Observable, scoped, strays
-from hami_trio.monitor.lister import ContainerKey
+from hami_trio.monitor.state import ContainerKey
 from hami_trio.pods.source import PodInfo, PodSource
 
 __all__ = [
@@ -44,10 +33,11 @@ __all__ = [
     "FeedbackScope",
     "GrantsOf",
     "StrayReason",
+    "StrayStats",
     "uuid_text",
 ]
 
-logger = logging.getLogger("hami_trio.monitor.loop")
+logger = logging.getLogger(__name__)
 
 #: What the agent passes in: a pod -> its containers' grants (None: no usable allocation).
 GrantsOf = Callable[[PodInfo], Mapping[str, Grant] | None]
@@ -103,13 +93,30 @@ def _reasons(container: Observable, grant: Grant) -> tuple[StrayReason, ...]:
     return ("priority",) if priority else ()
 
 
+class StrayStats:
+    """The stray claims, counted by :class:`FeedbackScope` on the trio thread and read by
+    :class:`~hami_trio.monitor.stats.StrayCollector` at scrape time.
+
+    Attributes:
+        containers: per reason, the containers making such a claim as of the latest tick.
+        claims: per reason, the times a container started making one.
+    """
+
+    __slots__ = ("claims", "containers")
+
+    def __init__(self) -> None:
+        self.containers: dict[str, int] = dict.fromkeys(STRAY_REASONS, 0)
+        self.claims: dict[str, int] = dict.fromkeys(STRAY_REASONS, 0)
+
+
 class FeedbackScope:
     """The grants of the loaded containers and their stray claims (module docstring).
 
     Args:
         pods: the monitor's pod source.
         grants_of: the agent's reading of a pod; None: no grants (without Kubernetes).
-        registry: where ``hami_trio_monitor_stray_claim_containers`` and ``..._claims_total`` go.
+        stats: where the stray claims are counted (``hami_trio_monitor_stray_claim_containers``
+            and ``..._claims_total``, exported by :class:`~hami_trio.monitor.stats.StrayCollector`).
         clock: for the warnings' rate limit (``trio.current_time`` in the monitor).
     """
 
@@ -117,7 +124,7 @@ class FeedbackScope:
         self,
         pods: PodSource,
         grants_of: GrantsOf | None,
-        registry: CollectorRegistry,
+        stats: StrayStats,
         *,
         clock: Callable[[], float],
     ) -> None:
@@ -129,26 +136,7 @@ class FeedbackScope:
         self._grants: Mapping[ContainerKey, Grant] = {}
         self._flagged: dict[ContainerKey, tuple[StrayReason, ...]] = {}
         self._limiter = RateLimiter(_LOG_INTERVAL, max_keys=4096, clock=clock)
-        self._gauge = Gauge(
-            "hami_trio_monitor_stray_claim_containers",
-            "Containers whose .cache file claims a GPU UUID that their pod's allocation does "
-            "not list (uuid) or a priority other than their pod spec's (priority), as of the "
-            "latest tick; the feedback counts them as their pod says.",
-            ["reason"],
-            registry=registry,
-        )
-        self._started = Counter(
-            "hami_trio_monitor_stray_claims_total",
-            "Times a container's .cache file started claiming what its pod does not give it, "
-            "by reason (uuid, priority).",
-            ["reason"],
-            registry=registry,
-        )
-        for reason in STRAY_REASONS:
-            self._started.labels(reason=reason)
-        self._gauges = [(reason, self._gauge.labels(reason=reason)) for reason in STRAY_REASONS]
-        for _, gauge in self._gauges:
-            gauge.set(0)
+        self._stats = stats
 
     @property
     def enabled(self) -> bool:
@@ -217,10 +205,11 @@ class FeedbackScope:
             before = self._flagged.get(key, ())
             for reason in reasons:
                 if reason not in before:
-                    self._started.labels(reason=reason).inc()
+                    self._stats.claims[reason] += 1
                     self._warn(key, reason, container, grant)
-        for reason, gauge in self._gauges:
-            gauge.set(sum(1 for reasons in flagged.values() if reason in reasons))
+        making = self._stats.containers
+        for reason in STRAY_REASONS:
+            making[reason] = sum(1 for reasons in flagged.values() if reason in reasons)
         self._flagged = flagged
         self._grants = grants
         return changed

@@ -5,9 +5,14 @@ the 16/24-byte tail, then the head up to ``clamp(proc_num, 0, 1024)`` live slots
 :mod:`hami_trio.monitor.region` ``pread``s them, and the decoder turns them into a frozen
 :class:`UsageSnapshot`, the same object again when no byte it depends on changed.  Per-device
 memory and SM utilisation are uint64 sums (wrapping, as HAMi does) over the live slots whose
-``status != 0``; all 16 UUIDs are kept for the feedback step.  :func:`parse_region` applies
-the same rules to a whole file in memory (fuzzing, tests).  docs/monitor.md (Usage snapshot,
-How one region is read).
+``status != 0``; all 16 UUIDs are kept for the feedback step.  :func:`parse_region` feeds a
+fresh decoder from a whole file in memory (fuzzing, tests).  A :class:`TickDecoder` does the
+tick's part: the tail, and the static head now and then.
+
+Every value is read by name: the tail's words through the layout table's ``TAIL_INDEX``,
+the slots' through :data:`DEVICE_SUMS` and the plan of columns derived from it
+(``_slot_plan``).  The plain reference decoder the tests compare these with is
+tests/monitor/reference.py.  docs/monitor.md (Usage snapshot, How one region is read).
 """
 
 from __future__ import annotations
@@ -19,15 +24,18 @@ import itertools
 import operator
 import struct
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from types import MappingProxyType
+from typing import Any, NamedTuple, NoReturn
 
 from hami_trio.monitor.layout import (
     HEADER,
     HEADER_SIZE,
     LAYOUTS,
     MAX_DEVICES,
+    TAIL_INDEX,
+    TAIL_MEMBERS,
     USED_FIELDS,
     UTIL_FIELDS,
     UUID_SIZE,
@@ -39,31 +47,32 @@ from hami_trio.monitor.layout import (
 )
 
 __all__ = [
+    "DEVICE_SUMS",
     "STATIC_REFRESH_TICKS",
     "DeviceUUID",
     "DeviceUsage",
     "RegionDecoder",
     "SlotTotals",
     "StaticInfo",
+    "TailValues",
     "TickDecoder",
     "TickSnapshot",
     "UUIDState",
     "UsageSnapshot",
     "parse_region",
     "parse_static",
-    "parse_usage",
     "read_tail",
-    "slot_rows",
-    "slot_struct",
-    "sum_rows",
-    "sum_rows_without",
-    "sum_slots",
+    "sum_slots_without",
 ]
 
 _U64 = struct.Struct("<Q")
 _LIMITS = struct.Struct(f"<{MAX_DEVICES}Q")
-_TAIL_V0 = struct.Struct("<iiii")
-_TAIL_V1 = struct.Struct("<iiiiQ")
+#: A decoded tail (:func:`read_tail`): the value of each of ``TAIL_MEMBERS``, at its
+#: ``TAIL_INDEX``.  A plain tuple, read through the named positions (``_PROC_NUM``), not a
+#: ``NamedTuple``: making one per container per tick costs the tick's decode about a fifth.
+TailValues = tuple[int, ...]
+_PROC_NUM = TAIL_INDEX["proc_num"]
+_tuple_new = tuple.__new__
 _MASK64 = (1 << 64) - 1
 #: The magic's bytes: all the decoder compares of a v0 region's first bytes, whose next words
 #: are the lock's (``sm_init_flag``, ``owner_pid``); v1 adds major and minor (HEADER_SIZE).
@@ -192,9 +201,11 @@ class UsageSnapshot:
     device_processes: tuple[int, ...] = ()
 
 
-def _constructor(cls: type[Any]) -> Callable[..., Any]:
+def _constructor(cls: type[Any], *, tail: bool = False) -> Callable[..., Any]:
     """A faster equivalent of ``cls(*fields)`` for a frozen, slotted dataclass with no
-    ``__post_init__`` (the decoder builds a few per container per tick).
+    ``__post_init__`` (the decoder builds a few per container per tick).  With ``tail``, the
+    fields named as the tail's members come from one argument, a :data:`TailValues`, in the
+    place of the first of them: each is stored from the ``TAIL_INDEX`` of its own name.
 
     A frozen class refuses plain attribute stores, and its ``__init__`` goes through
     ``object.__setattr__`` by name for every field.  Instead, the object is made as an
@@ -214,8 +225,15 @@ def _constructor(cls: type[Any]) -> Callable[..., Any]:
         exec_body=lambda ns: ns.update({"__slots__": tuple(slots)}),
     )
     scope: dict[str, Any] = {"_new": object.__new__, "_twin": twin, "_cls": cls}
-    lines = [f"def make({', '.join(names)}):", "    self = _new(_twin)"]
-    lines += [f"    self.{name} = {name}" for name in names]
+    spread = set(TAIL_MEMBERS) if tail else set()
+    if not spread <= set(names):  # pragma: no cover - the snapshots have every tail member
+        raise TypeError(f"{cls.__name__} lacks tail fields {spread - set(names)}")
+    params = [name for name in names if name not in spread]
+    if spread:
+        params.insert(min(names.index(name) for name in spread), "_tail")
+    stores = {name: f"_tail[{TAIL_INDEX[name]}]" for name in spread}
+    lines = [f"def make({', '.join(params)}):", "    self = _new(_twin)"]
+    lines += [f"    self.{name} = {stores.get(name, name)}" for name in names]
     lines += ["    self.__class__ = _cls", "    return self"]
     exec("\n".join(lines), scope)  # our own field names only
     make: Callable[..., Any] = scope["make"]
@@ -223,27 +241,23 @@ def _constructor(cls: type[Any]) -> Callable[..., Any]:
 
 
 _new_device_usage: Callable[..., DeviceUsage] = _constructor(DeviceUsage)
-_new_usage_snapshot: Callable[..., UsageSnapshot] = _constructor(UsageSnapshot)
+# The snapshots take their tail fields from a TailValues: (format, major, minor, file_size,
+# device_count, tail, ...) - see _constructor.
+_new_usage_snapshot: Callable[..., UsageSnapshot] = _constructor(UsageSnapshot, tail=True)
 
 
-def read_tail(
-    layout: Layout, tail: bytes | bytearray | memoryview
-) -> tuple[int, int, int, int, int]:
-    """Decode the tail range of ``layout``.
-
-    Returns:
-        ``(proc_num, utilization_switch, recent_kernel, priority, last_kernel_time)``;
-        ``last_kernel_time`` is 0 for v0.
+def read_tail(layout: Layout, tail: bytes | bytearray | memoryview) -> TailValues:
+    """Decode the tail range of ``layout`` (``layout.tail_size`` bytes at its
+    ``tail_offset``): the value of each of ``TAIL_MEMBERS`` at its ``TAIL_INDEX``;
+    ``last_kernel_time`` is 0 for v0.
 
     Raises:
         ValueError: ``tail`` is shorter than ``layout.tail_size``.
     """
     if len(tail) < layout.tail_size:
         raise ValueError(f"tail needs {layout.tail_size} bytes, got {len(tail)}")
-    if layout.last_kernel_time is None:
-        proc_num, switch, recent, priority = _TAIL_V0.unpack_from(tail)
-        return proc_num, switch, recent, priority, 0
-    values: tuple[int, int, int, int, int] = _TAIL_V1.unpack_from(tail)
+    # a tuple plus () is the tuple itself (v1: no member absent)
+    values: TailValues = layout.tail_struct.unpack_from(tail) + layout.tail_absent
     return values
 
 
@@ -285,46 +299,119 @@ class SlotTotals:
     device_processes: tuple[int, ...] = ()
 
 
-# (format, device_count) -> slot struct; at most 2 x 17 entries.
-_SLOT_STRUCTS: dict[tuple[Format, int], struct.Struct] = {}
+#: Each per-device sum of :class:`DeviceUsage` and the process-slot member it adds up over
+#: the live slots: a member of ``used[]`` (``USED_FIELDS``) or of ``device_util[]``
+#: (``UTIL_FIELDS``).  The slots are read for these members (and ``pid``, ``hostpid``,
+#: ``status``) only; ``total`` and ``sm_util`` also say which devices a slot uses.
+DEVICE_SUMS: Mapping[str, str] = MappingProxyType(
+    {
+        "memory_total": "total",
+        "context_size": "context_size",
+        "module_size": "module_size",
+        "buffer_size": "data_size",
+        "offset": "offset",
+        "sm_util": "sm_util",
+    }
+)
+#: The summed fields in :class:`DeviceUsage`'s order (they follow its first four fields).
+_SUMMED = tuple(f.name for f in dataclasses.fields(DeviceUsage))[4:]
+if set(_SUMMED) != set(DEVICE_SUMS) or not {"total", "sm_util"} <= set(DEVICE_SUMS.values()):
+    raise AssertionError(f"DEVICE_SUMS {dict(DEVICE_SUMS)} does not fit DeviceUsage {_SUMMED}")
 
 
-def slot_struct(layout: Layout, device_count: int) -> struct.Struct:
-    """A ``struct`` spanning exactly one slot that picks, in offset order: ``pid``,
-    ``hostpid``, per device below ``device_count`` the five ``used`` words (context, module,
-    data, offset, total), then per device ``sm_util``, then ``status``.  ``iter_unpack``
-    then reads every slot in C.  Memoised per (format, device count): at most 2 x 17."""
-    codec = _SLOT_STRUCTS.get((layout.format, device_count))
-    if codec is None:
-        codec = _SLOT_STRUCTS[(layout.format, device_count)] = _build_slot_struct(
-            layout, device_count
-        )
-    return codec
+@dataclass(frozen=True, slots=True)
+class _SlotPlan:
+    """Where each slot member the monitor reads lands, by name, for one format and device
+    count: :func:`_slot_fields` unpacks the slots into two flat tuples, slot after slot -
+    ``memory`` (the ``used[]`` members of :data:`DEVICE_SUMS`, device after device) and
+    ``other`` (``pid``, ``hostpid``, the ``device_util[]`` members of every device,
+    ``status``) - and :func:`_flat_totals` sums their columns into ``sums`` (every memory
+    column, then ``util_columns``).  Built from one list of named picks per part (in offset
+    order), so the ``struct`` formats and the columns cannot disagree."""
+
+    formats: tuple[str, str]  # one slot's struct formats: memory, other
+    devices: range  # range(device count)
+    memory_width: int  # memory fields per slot
+    other_width: int  # other fields per slot
+    pid: int  # columns of the other part
+    hostpid: int
+    status: int
+    util_columns: tuple[int, ...]  # the other part's summed columns
+    total: tuple[int, ...]  # per device: its ``total`` column in the memory part
+    sm_util: tuple[int, ...]  # per device: its ``sm_util`` column in the other part
+    # (sums, uuids, limits, sm_limits) -> every device's DeviceUsage (_device_builder)
+    build_devices: Callable[..., tuple[DeviceUsage, ...]]
+    zero_sums: tuple[int, ...]  # ``sums`` of no live slot
+    zero_busy: tuple[int, ...]
 
 
-def _build_slot_struct(layout: Layout, device_count: int) -> struct.Struct:
-    picks: list[tuple[int, str]] = [(layout.slot_pid, "i"), (layout.slot_hostpid, "i")]
-    picks += _memory_picks(layout, device_count)
-    picks += _sm_picks(layout, device_count)
-    picks.append((layout.slot_status, "i"))
-    return struct.Struct("<" + _slot_format(layout, picks))
-
-
-def _memory_picks(layout: Layout, device_count: int) -> list[tuple[int, str]]:
-    """The five ``used`` words (context, module, data, offset, total) of each device."""
-    return [
-        (layout.slot_used + d * layout.used_stride + offset, "Q")
-        for d in range(device_count)
-        for offset in USED_FIELDS.values()
+@functools.lru_cache(maxsize=2 * (MAX_DEVICES + 1))
+def _slot_plan(fmt: Format, device_count: int) -> _SlotPlan:
+    layout = LAYOUTS[fmt]
+    devices = range(device_count)
+    summed = set(DEVICE_SUMS.values())
+    used = sorted(summed & USED_FIELDS.keys(), key=USED_FIELDS.__getitem__)
+    util = sorted(summed & UTIL_FIELDS.keys(), key=UTIL_FIELDS.__getitem__)
+    # (offset in the slot, struct code, (member, device)), in ascending offset order
+    Pick = tuple[int, str, tuple[str, int]]
+    memory: list[Pick] = [
+        (layout.slot_used + d * layout.used_stride + USED_FIELDS[m], "Q", (m, d))
+        for d in devices
+        for m in used
     ]
-
-
-def _sm_picks(layout: Layout, device_count: int) -> list[tuple[int, str]]:
-    """The ``sm_util`` word of each device."""
-    return [
-        (layout.slot_util + d * layout.util_stride + UTIL_FIELDS["sm_util"], "Q")
-        for d in range(device_count)
+    utils: list[Pick] = [
+        (layout.slot_util + d * layout.util_stride + UTIL_FIELDS[m], "Q", (m, d))
+        for d in devices
+        for m in util
     ]
+    whole = -1  # the "device" of a member of the whole slot
+    other: list[Pick] = [
+        (layout.slot_pid, "i", ("pid", whole)),
+        (layout.slot_hostpid, "i", ("hostpid", whole)),
+        *utils,
+        (layout.slot_status, "i", ("status", whole)),
+    ]
+    memory_at = {key: i for i, (_, _, key) in enumerate(memory)}
+    other_at = {key: i for i, (_, _, key) in enumerate(other)}
+    util_columns = tuple(other_at[key] for _, _, key in utils)
+    in_sums = {**memory_at, **{key: len(memory) + i for i, (_, _, key) in enumerate(utils)}}
+    return _SlotPlan(
+        formats=(
+            _slot_format(layout, [(offset, code) for offset, code, _ in memory]),
+            _slot_format(layout, [(offset, code) for offset, code, _ in other]),
+        ),
+        devices=devices,
+        memory_width=len(memory),
+        other_width=len(other),
+        pid=other_at[("pid", whole)],
+        hostpid=other_at[("hostpid", whole)],
+        status=other_at[("status", whole)],
+        util_columns=util_columns,
+        total=tuple(memory_at[("total", d)] for d in devices),
+        sm_util=tuple(other_at[("sm_util", d)] for d in devices),
+        build_devices=_device_builder(device_count, in_sums),
+        zero_sums=(0,) * (len(memory) + len(utils)),
+        zero_busy=(0,) * device_count,
+    )
+
+
+def _device_builder(
+    device_count: int, in_sums: dict[tuple[str, int], int]
+) -> Callable[..., tuple[DeviceUsage, ...]]:
+    """``build(sums, uuids, limits, sm_limits)``: every device's :class:`DeviceUsage`, each
+    sum taken from the place ``in_sums`` gives its (member, device), the member the one
+    :data:`DEVICE_SUMS` names for the field.  Generated, like :func:`_constructor`, with
+    those places written in: no loop or tuple per device at run time."""
+    lines = ["def build(sums, uuids, limits, sm_limits):", "    return ("]
+    for d in range(device_count):
+        picks = ", ".join(f"sums[{in_sums[(DEVICE_SUMS[name], d)]}]" for name in _SUMMED)
+        # positional: index, uuid, memory_limit, sm_limit, then the sums in the class's order
+        lines.append(f"        _new({d}, uuids[{d}], limits[{d}], sm_limits[{d}], {picks}),")
+    lines.append("    )")
+    scope: dict[str, Any] = {"_new": _new_device_usage}
+    exec("\n".join(lines), scope)  # our own field names and integers only
+    build: Callable[..., tuple[DeviceUsage, ...]] = scope["build"]
+    return build
 
 
 def _slot_format(layout: Layout, picks: list[tuple[int, str]]) -> str:
@@ -339,125 +426,6 @@ def _slot_format(layout: Layout, picks: list[tuple[int, str]]) -> str:
     return fmt + f"{layout.slot_size - pos}x"
 
 
-def slot_rows(
-    layout: Layout, head: bytes | bytearray | memoryview, slots: int, device_count: int
-) -> list[tuple[int, ...]]:
-    """The fields the monitor uses from each of slots ``[0, slots)``, one tuple per slot:
-    ``pid``, ``hostpid``, per device below ``device_count`` (context, module, data, offset,
-    total), then per device ``sm_util``, then ``status`` (last).  A few hundred bytes of
-    ints instead of the ~2 KB slot, so the reader can keep them to detect change cheaply.
-
-    Raises:
-        ValueError: ``head`` is too short for ``slots`` slots.
-    """
-    body_end = layout.body_size(slots)
-    if len(head) < body_end:
-        raise ValueError(f"head needs {body_end} bytes for {slots} slots, got {len(head)}")
-    codec = slot_struct(layout, device_count)
-    return list(codec.iter_unpack(memoryview(head)[layout.procs : body_end]))
-
-
-def sum_rows(rows: list[tuple[int, ...]], static: StaticInfo) -> SlotTotals:
-    """Sum :func:`slot_rows` over the slots whose status is not 0 (uint64, wrapping)."""
-    count = static.device_count
-    live = [row for row in rows if row[-1]]
-    sm_base = 2 + 5 * count
-    if live:
-        columns = list(zip(*live, strict=True))
-        sums = [sum(column) & _MASK64 for column in columns]
-        pids: tuple[int, ...] = columns[0]
-        host_pids: tuple[int, ...] = columns[1]
-        busy = tuple(
-            [sum(1 for row in live if row[6 + 5 * d] or row[sm_base + d]) for d in range(count)]
-        )
-    else:
-        sums = [0] * (sm_base + count + 1)
-        pids = host_pids = ()
-        busy = (0,) * count
-    uuids, limits, sm_limits = static.uuids, static.limits, static.sm_limits
-    # positional: (index, uuid, limit, sm_limit, total, context, module, buffer, offset, sm)
-    devices = tuple(
-        [
-            DeviceUsage(
-                d,
-                uuids[d],
-                limits[d],
-                sm_limits[d],
-                sums[6 + 5 * d],
-                sums[2 + 5 * d],
-                sums[3 + 5 * d],
-                sums[4 + 5 * d],
-                sums[5 + 5 * d],
-                sums[sm_base + d],
-            )
-            for d in range(count)
-        ]
-    )
-    return SlotTotals(devices, len(live), pids, host_pids, busy)
-
-
-def sum_slots(
-    layout: Layout, head: bytes | bytearray | memoryview, slots: int, static: StaticInfo
-) -> SlotTotals:
-    """Sum memory and SM utilisation over slots ``[0, slots)`` whose status is not 0.
-
-    Args:
-        layout: the file's layout.
-        head: bytes from offset 0 through at least ``layout.body_size(slots)``.
-        slots: the clamped ``proc_num``.
-        static: :func:`parse_static` of the same head.
-
-    Raises:
-        ValueError: ``head`` is too short for ``slots`` slots.
-    """
-    return sum_rows(slot_rows(layout, head, slots, static.device_count), static)
-
-
-def parse_usage(
-    layout: Layout,
-    file_size: int,
-    head: bytes | bytearray | memoryview,
-    tail: bytes | bytearray | memoryview,
-    static: StaticInfo | None = None,
-    totals: SlotTotals | None = None,
-) -> UsageSnapshot:
-    """Build a snapshot from the head and tail ranges of a region (see the module docstring).
-
-    Args:
-        layout: the file's layout, from :func:`~hami_trio.monitor.layout.classify`.
-        file_size: the file size the layout was chosen for (reported, not used to index).
-        head: bytes ``[0, layout.body_size(clamp_proc_num(proc_num)))``; extra bytes are
-            ignored, so a whole-file buffer works too.
-        tail: the ``layout.tail_size`` bytes at ``layout.tail_offset``.
-        static: :func:`parse_static` of the same head, if the caller cached it.
-        totals: :func:`sum_slots` of the same head and slot count, if the caller cached it
-            (the monitor changes ``recent_kernel`` every tick while the slots stay put).
-
-    Raises:
-        ValueError: a buffer is shorter than the ranges the tail's ``proc_num`` requires.
-    """
-    values = read_tail(layout, tail)
-    if static is None:
-        static = parse_static(layout, head)
-    if totals is None:
-        totals = sum_slots(layout, head, clamp_proc_num(values[0]), static)
-    return _snapshot(layout, file_size, head, values, static, totals)
-
-
-def _snapshot(
-    layout: Layout,
-    file_size: int,
-    head: bytes | bytearray | memoryview,
-    values: tuple[int, int, int, int, int],
-    static: StaticInfo,
-    totals: SlotTotals,
-) -> UsageSnapshot:
-    parts = (totals.active_slots, totals.pids, totals.host_pids, totals.device_processes)
-    return _new_snapshot(
-        layout, file_size, _version(layout, head), values, static, totals.devices, ((), *parts)
-    )
-
-
 def _version(layout: Layout, head: bytes | bytearray | memoryview) -> tuple[int | None, int | None]:
     if not layout.has_version:
         return (None, None)
@@ -469,39 +437,38 @@ def _new_snapshot(
     layout: Layout,
     file_size: int,
     version: tuple[int | None, int | None],
-    values: tuple[int, int, int, int, int],
+    values: TailValues,
     static: StaticInfo,
     devices: tuple[DeviceUsage, ...],
-    totals: tuple[object, int, tuple[int, ...], tuple[int, ...], tuple[int, ...]],
+    totals: _Totals,
 ) -> UsageSnapshot:
-    proc_num, switch, recent, priority, last_kernel = values
-    _, active, pids, host_pids, busy = totals
-    # positional, in field order (see UsageSnapshot)
+    # positional, in field order (see UsageSnapshot), the tail's fields from the tail
     return _new_usage_snapshot(
         layout.format,
         version[0],
         version[1],
         file_size,
         static.device_count,
-        proc_num,
-        active,
-        priority,
-        recent,
-        switch,
-        last_kernel,
+        values,
+        totals.active_slots,
         devices,
         static.uuids,
         static.device_keys,
-        pids,
-        host_pids,
-        busy,
+        totals.pids,
+        totals.host_pids,
+        totals.device_processes,
     )
 
 
-# What the live slots add up to (:func:`sum_rows` without the objects): per-device sums
-# (context, module, data, offset, total per device, then sm_util per device, uint64,
-# wrapping), live slots, their pids and host pids, and per device the live slots using it.
-_Totals = tuple[tuple[int, ...], int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+class _Totals(NamedTuple):
+    """What the live slots add up to (:class:`SlotTotals` without the device objects).
+    Made with ``_tuple_new(_Totals, values)``: no Python ``__new__`` per decode."""
+
+    sums: tuple[int, ...]  # uint64, wrapping; where each is: _SlotPlan
+    active_slots: int
+    pids: tuple[int, ...]
+    host_pids: tuple[int, ...]
+    device_processes: tuple[int, ...]  # per device, the live slots using it
 
 
 #: The slots of a region are unpacked with one ``struct`` call when they hold at most this
@@ -517,41 +484,27 @@ FLAT_STRUCTS = 64
 def _flat_structs(fmt: Format, device_count: int, slots: int) -> tuple[struct.Struct, ...]:
     """The two ``struct`` s of :func:`_slot_fields` over ``slots`` consecutive slots (one
     slot's picks repeated ``slots`` times), so one ``unpack_from`` each gives them all."""
-    return tuple(struct.Struct("<" + one * slots) for one in _part_formats(fmt, device_count))
-
-
-@functools.lru_cache(maxsize=2 * (MAX_DEVICES + 1))
-def _part_formats(fmt: Format, device_count: int) -> tuple[str, str]:
-    """One slot's formats: the memory words of every device; pid, hostpid, ``sm_util`` of
-    every device and status."""
-    layout = LAYOUTS[fmt]
-    other = [(layout.slot_pid, "i"), (layout.slot_hostpid, "i")]
-    other += _sm_picks(layout, device_count)
-    other.append((layout.slot_status, "i"))
-    return (
-        _slot_format(layout, _memory_picks(layout, device_count)),
-        _slot_format(layout, other),
-    )
+    return tuple(struct.Struct("<" + one * slots) for one in _slot_plan(fmt, device_count).formats)
 
 
 _Fields = tuple[tuple[int, ...], tuple[int, ...]]
 
 
 def _slot_fields(
-    layout: Layout, head: bytes | bytearray | memoryview, slots: int, device_count: int
+    layout: Layout, head: bytes | bytearray | memoryview, slots: int, plan: _SlotPlan
 ) -> _Fields:
     """The fields the monitor uses from slots ``[0, slots)`` of ``head``, in two flat tuples,
-    slot after slot: the memory words (``5 * device_count`` per slot: context, module, data,
-    offset, total of each device) and the rest (``3 + device_count`` per slot: pid, hostpid,
-    ``sm_util`` of each device, status).  Apart because memory moves far less often than
-    utilisation: unchanged memory words keep their sums.  One ``struct`` call each for a few
-    slots (the usual case), ``iter_unpack`` for many."""
-    if slots * (3 + 6 * device_count) <= FLAT_FIELDS:
-        memory, other = _flat_structs(layout.format, device_count, slots)
+    slot after slot, as ``plan`` (of this layout) lays them out: the memory words and the
+    rest.  Apart because memory moves far less often than utilisation: unchanged memory
+    words keep their sums.  One ``struct`` call each for a few slots (the usual case),
+    ``iter_unpack`` for many."""
+    count = len(plan.total)
+    if slots * (plan.memory_width + plan.other_width) <= FLAT_FIELDS:
+        memory, other = _flat_structs(layout.format, count, slots)
         return memory.unpack_from(head, layout.procs), other.unpack_from(head, layout.procs)
     body = memoryview(head)[layout.procs : layout.body_size(slots)]
     chain = itertools.chain.from_iterable
-    memory, other = _flat_structs(layout.format, device_count, 1)  # one slot each
+    memory, other = _flat_structs(layout.format, count, 1)  # one slot each
     return tuple(chain(memory.iter_unpack(body))), tuple(chain(other.iter_unpack(body)))
 
 
@@ -570,7 +523,7 @@ def _slots_key(flat: tuple[int, ...]) -> tuple[int, int]:
 _MemoryTotals = tuple[tuple[int, ...], tuple[bool, ...]]
 
 
-def _column_sums(flat: tuple[int, ...], starts: range, width: int) -> tuple[int, ...]:
+def _column_sums(flat: tuple[int, ...], starts: Iterable[int], width: int) -> tuple[int, ...]:
     """The sums (uint64, wrapping) of the columns at ``starts`` of slots laid out flat,
     ``width`` fields each: a slice per column, summed in C."""
     sums = tuple([sum(flat[k::width]) for k in starts])
@@ -579,69 +532,99 @@ def _column_sums(flat: tuple[int, ...], starts: range, width: int) -> tuple[int,
     return sums
 
 
+def _only(fields: _Fields, plan: _SlotPlan, slots: list[int]) -> _Fields:
+    """The fields of ``slots`` (indices, ascending) alone."""
+    memory, other = fields
+    words, width = plan.memory_width, plan.other_width
+    chain = itertools.chain.from_iterable
+    return (
+        tuple(chain([memory[i * words : (i + 1) * words] for i in slots])),
+        tuple(chain([other[i * width : (i + 1) * width] for i in slots])),
+    )
+
+
 def _flat_totals(
-    fields: _Fields, device_count: int, memory_totals: _MemoryTotals | None = None
+    fields: _Fields, plan: _SlotPlan, memory_totals: _MemoryTotals | None = None
 ) -> tuple[_Totals, _MemoryTotals | None]:
-    """What the slots of :func:`_slot_fields` add up to (see ``_Totals``): each column is a
-    slice of a flat tuple, summed in C; no tuple per slot.
+    """What the slots of :func:`_slot_fields` add up to: each column is a slice of a flat
+    tuple, summed in C; no tuple per slot.
 
     ``memory_totals`` are those of the same memory words when the caller knows them
     unchanged (used only while every slot is live).  Returns the totals and the memory part
     to keep (None when some slot is not live: it depends on which)."""
-    memory, other = fields
-    width, words = 3 + device_count, 5 * device_count
-    status = other[width - 1 :: width]
+    width, words = plan.other_width, plan.memory_width
+    status = fields[1][plan.status :: width]
     every_slot_live = 0 not in status
     if not every_slot_live:  # exited slots between live ones: leave them out
-        live_slots = [i for i, word in enumerate(status) if word]
-        chain = itertools.chain.from_iterable
-        other = tuple(chain([other[i * width : (i + 1) * width] for i in live_slots]))
-        memory = tuple(chain([memory[i * words : (i + 1) * words] for i in live_slots]))
+        fields = _only(fields, plan, [i for i, word in enumerate(status) if word])
         memory_totals = None
+    memory, other = fields
     live = len(other) // width
     if not live:
-        return ((0,) * (6 * device_count), 0, (), (), (0,) * device_count), None
+        return _tuple_new(_Totals, (plan.zero_sums, 0, (), (), plan.zero_busy)), None
     if memory_totals is None:
         sums = _column_sums(memory, range(words), words)
         # a device every live slot has memory on is used by all of them (the usual case)
-        idle = tuple([0 in memory[5 * d + 4 :: words] for d in range(device_count)])
+        idle = tuple([0 in memory[total::words] for total in plan.total])
         memory_totals = (sums, idle)
     sums, idle = memory_totals
-    sm = _column_sums(other, range(2, 2 + device_count), width)
+    util = _column_sums(other, plan.util_columns, width)
+    total, sm_util = plan.total, plan.sm_util
     busy = tuple(
         [
             live
             if not idle[d]
             else live
-            - list(map(operator.or_, memory[5 * d + 4 :: words], other[2 + d :: width])).count(0)
-            for d in range(device_count)
+            - list(map(operator.or_, memory[total[d] :: words], other[sm_util[d] :: width])).count(
+                0
+            )
+            for d in plan.devices
         ]
     )
-    totals = (sums + sm, live, other[0::width], other[1::width], busy)
+    pids, host_pids = other[plan.pid :: width], other[plan.hostpid :: width]
+    totals = _tuple_new(_Totals, (sums + util, live, pids, host_pids, busy))
     return totals, memory_totals if every_slot_live else None
 
 
-def _devices(sums: tuple[int, ...], static: StaticInfo) -> tuple[DeviceUsage, ...]:
-    count = static.device_count
-    uuids, limits, sm_limits = static.uuids, static.limits, static.sm_limits
-    sm_base = 5 * count
-    # sums[5d:5d+5] are context, module, data, offset, total; sums[sm_base + d] is sm_util
-    return tuple(
-        [
-            _new_device_usage(
-                d,
-                uuids[d],
-                limits[d],
-                sm_limits[d],
-                sums[5 * d + 4],
-                sums[5 * d],
-                sums[5 * d + 1],
-                sums[5 * d + 2],
-                sums[5 * d + 3],
-                sums[sm_base + d],
-            )
-            for d in range(count)
-        ]
+def _devices(sums: tuple[int, ...], static: StaticInfo, plan: _SlotPlan) -> tuple[DeviceUsage, ...]:
+    return plan.build_devices(sums, static.uuids, static.limits, static.sm_limits)
+
+
+def sum_slots_without(
+    layout: Layout,
+    head: bytes | bytearray | memoryview,
+    slots: int,
+    host_pids: frozenset[int],
+) -> SlotTotals:
+    """The sums of the snapshot's slots leaving out those whose host PID is in
+    ``host_pids`` (the exited processes, for ``--exclude-exited-processes``): what
+    :class:`RegionDecoder` would sum from ``head`` without them.
+
+    Args:
+        layout: the file's layout.
+        head: bytes from offset 0 through at least ``layout.body_size(slots)``; the device
+            count, UUIDs and limits are decoded from it too.
+        slots: the clamped ``proc_num``.
+        host_pids: the host PIDs whose slots are left out.
+
+    Raises:
+        ValueError: ``head`` is too short for ``slots`` slots.
+    """
+    end = layout.body_size(slots)
+    if len(head) < end:
+        raise ValueError(f"head needs {end} bytes for {slots} slots, got {len(head)}")
+    static = parse_static(layout, head)
+    plan = _slot_plan(layout.format, static.device_count)
+    fields = _slot_fields(layout, head, slots, plan)
+    slot_host_pids = fields[1][plan.hostpid :: plan.other_width]
+    kept = [i for i, pid in enumerate(slot_host_pids) if pid not in host_pids]
+    totals, _ = _flat_totals(_only(fields, plan, kept), plan)
+    return SlotTotals(
+        _devices(totals.sums, static, plan),
+        totals.active_slots,
+        totals.pids,
+        totals.host_pids,
+        totals.device_processes,
     )
 
 
@@ -669,6 +652,7 @@ class _Decoded:
         "memory_key",
         "memory_totals",
         "other_key",
+        "plan",
         "size",
         "snapshot",
         "static",
@@ -685,10 +669,11 @@ class _Decoded:
         header: bytes,
         static_bytes: bytes,
         tail: bytes,
-        values: tuple[int, int, int, int, int],
+        values: TailValues,
         head_size: int,
         layout: Layout,
         static: StaticInfo,
+        plan: _SlotPlan,
         keys: tuple[tuple[int, int], tuple[int, int]],
         memory_totals: _MemoryTotals | None,
         totals: _Totals,
@@ -703,6 +688,7 @@ class _Decoded:
         self.head_size = head_size
         self.layout = layout
         self.static = static
+        self.plan = plan
         self.memory_key, self.other_key = keys
         self.memory_totals = memory_totals
         self.totals = totals
@@ -750,7 +736,7 @@ class RegionDecoder:
         self._size = 0
         self._pending: Layout | None = None
         self._tail: bytes | None = None
-        self._values: tuple[int, int, int, int, int] | None = None
+        self._values: TailValues | None = None
 
     @property
     def layout(self) -> Layout | None:
@@ -811,7 +797,7 @@ class RegionDecoder:
                 self._want = length = decoded.head_size
             else:
                 fed = self._values = read_tail(layout, data)
-                self._want = length = layout.body_size(clamp_proc_num(fed[0]))
+                self._want = length = layout.body_size(clamp_proc_num(fed[_PROC_NUM]))
             return (0, length)
         # the head: decode it (one method, not several: this runs per container per tick)
         values = self._values
@@ -828,18 +814,17 @@ class RegionDecoder:
             # The magic, the version and the static part are the bytes the kept snapshot
             # came from (the lock HAMi-core's processes take in between - sem, owner_pid -
             # may have moved: nothing is read from it); head is exactly the live slots long.
-            static = decoded.static
-            count = static.device_count
-            fields = _slot_fields(layout, head, clamp_proc_num(values[0]), count)
+            static, plan = decoded.static, decoded.plan
+            fields = _slot_fields(layout, head, clamp_proc_num(values[_PROC_NUM]), plan)
             memory_key, other_key = _slots_key(fields[0]), _slots_key(fields[1])
             renew = tail != decoded.tail
             if memory_key != decoded.memory_key or other_key != decoded.other_key:
                 kept = decoded.memory_totals if memory_key == decoded.memory_key else None
                 decoded.memory_key, decoded.other_key = memory_key, other_key
-                totals, decoded.memory_totals = _flat_totals(fields, count, kept)
+                totals, decoded.memory_totals = _flat_totals(fields, plan, kept)
                 if totals != decoded.totals:
-                    if totals[0] != decoded.totals[0]:
-                        decoded.devices = _devices(totals[0], static)
+                    if totals.sums != decoded.totals.sums:
+                        decoded.devices = _devices(totals.sums, static, plan)
                     decoded.totals = totals
                     renew = True
             if renew:
@@ -852,13 +837,14 @@ class RegionDecoder:
             self._layout = layout
             return decoded.snapshot
         layout = classify(size, head)
-        slots = clamp_proc_num(values[0])
+        slots = clamp_proc_num(values[_PROC_NUM])
         static = parse_static(layout, head)
         if decoded is not None and decoded.static == static:
             static = decoded.static  # keep the objects (and identities) the view already has
-        fields = _slot_fields(layout, head, slots, static.device_count)
-        totals, memory_totals = _flat_totals(fields, static.device_count)
-        devices = _devices(totals[0], static)
+        plan = _slot_plan(layout.format, static.device_count)
+        fields = _slot_fields(layout, head, slots, plan)
+        totals, memory_totals = _flat_totals(fields, plan)
+        devices = _devices(totals.sums, static, plan)
         version = _version(layout, head)
         snapshot = _new_snapshot(layout, size, version, values, static, devices, totals)
         self._decoded = _Decoded(
@@ -870,6 +856,7 @@ class RegionDecoder:
             len(head),
             layout,
             static,
+            plan,
             (_slots_key(fields[0]), _slots_key(fields[1])),
             memory_totals,
             totals,
@@ -883,30 +870,26 @@ class RegionDecoder:
 def parse_region(
     data: bytes | bytearray | memoryview, file_size: int | None = None
 ) -> UsageSnapshot:
-    """Parse a whole ``.cache`` file held in memory (the loader rule, then the snapshot).
+    """Parse a whole ``.cache`` file held in memory: a fresh :class:`RegionDecoder` fed the
+    ranges it asks for from ``data`` (the loader rule, then the snapshot).
 
     Args:
-        data: the file's bytes (at least up to the tail; a real file is ``sizeof + 1``).
+        data: the file's bytes (a real file is ``sizeof + 1``).
         file_size: the size to classify by; defaults to ``len(data)``.
 
     Raises:
         CacheFileRejected: the loader rule rejects the file.
-        ValueError: ``data`` is shorter than the layout chosen for ``file_size``.
+        ValueError: ``data`` ends before a range the decoder asks for at ``file_size``.
     """
     size = len(data) if file_size is None else file_size
-    layout = classify(size, data[:12])
-    end = layout.tail_offset + layout.tail_size
-    if len(data) < end:
-        raise ValueError(f"{layout.name} data needs {end} bytes, got {len(data)}")
-    return parse_usage(layout, size, data, data[layout.tail_offset : end])
-
-
-def sum_rows_without(
-    rows: list[tuple[int, ...]], static: StaticInfo, host_pids: frozenset[int]
-) -> SlotTotals:
-    """:func:`sum_rows` leaving out the slots whose host PID is in ``host_pids`` (the exited
-    processes, for ``--exclude-exited-processes``); the monitor's read path never calls it."""
-    return sum_rows([row for row in rows if row[1] not in host_pids], static)
+    decoder = RegionDecoder()
+    step: tuple[int, int] | UsageSnapshot = decoder.start(size)
+    while isinstance(step, tuple):
+        offset, length = step
+        if offset + length > len(data):
+            raise ValueError(f"data needs {offset + length} bytes, got {len(data)}")
+        step = decoder.feed(bytes(data[offset : offset + length]))
+    return step
 
 
 #: Ticks after which the tick re-reads a region's static head (device count, UUIDs, limits)
@@ -941,7 +924,7 @@ class TickSnapshot:
     device_keys: tuple[bytes, ...]
 
 
-_new_tick_snapshot: Callable[..., TickSnapshot] = _constructor(TickSnapshot)
+_new_tick_snapshot: Callable[..., TickSnapshot] = _constructor(TickSnapshot, tail=True)
 
 
 class TickDecoder:
@@ -969,8 +952,10 @@ class TickDecoder:
         "_every",
         "_kept_head",
         "_kept_static",
+        "_last",
         "_layout",
         "_pending",
+        "_published",
         "_size",
         "_snapshot",
         "_static",
@@ -993,10 +978,13 @@ class TickDecoder:
         self._kept_head: tuple[bytes] | None = None
         self._kept_static: StaticInfo | None = None
         self._version: tuple[int | None, int | None] = (None, None)
+        # The tail bytes last read and what they decoded to; the tail the kept snapshot has.
         self._tail = b""
+        self._last: TailValues | None = None
+        self._published: TailValues | None = None
         self._snapshot: TickSnapshot | None = None
         self._pending: Layout | None = None
-        self._values: tuple[int, int, int, int, int] | None = None
+        self._values: TailValues | None = None
         self._want = -1
 
     @property
@@ -1058,12 +1046,12 @@ class TickDecoder:
                 assert snapshot is not None
                 return snapshot
             values = self._values = read_tail(layout, data)
-            old = self._tail
-            self._tail = data
+            last = self._last
+            self._tail, self._last = data, values
             if (
                 self._static is None
                 or not age
-                or (len(old) >= 4 and (values[0] == 0) != (old[:4] == b"\0\0\0\0"))
+                or (last is not None and (values[_PROC_NUM] == 0) != (last[_PROC_NUM] == 0))
             ):
                 self._static = None
                 self._want = layout.procs
@@ -1086,20 +1074,15 @@ class TickDecoder:
         self._version = _version(layout, data)
         return self._publish(layout, values)
 
-    def _publish(self, layout: Layout, values: tuple[int, int, int, int, int]) -> TickSnapshot:
+    def _publish(self, layout: Layout, values: TailValues) -> TickSnapshot:
         static = self._static
         assert static is not None
         self._values = None
         self._layout = layout
-        proc_num, switch, recent, priority, last_kernel = values
         kept = self._snapshot
         if (
             kept is not None
-            and kept.recent_kernel == recent
-            and kept.utilization_switch == switch
-            and kept.priority == priority
-            and kept.proc_num == proc_num
-            and kept.last_kernel_time == last_kernel
+            and self._published == values
             and kept.file_size == self._size
             and kept.device_keys is static.device_keys
             and kept.device_count == static.device_count
@@ -1108,18 +1091,15 @@ class TickDecoder:
         ):
             return kept
         major, minor = self._version
-        # positional, in field order (see TickSnapshot)
+        self._published = values
+        # positional, in field order (see TickSnapshot), the tail's fields from the tail
         snapshot = self._snapshot = _new_tick_snapshot(
             layout.format,
             major,
             minor,
             self._size,
             static.device_count,
-            proc_num,
-            priority,
-            recent,
-            switch,
-            last_kernel,
+            values,
             static.uuids,
             static.device_keys,
         )

@@ -1,18 +1,16 @@
 """One usage read: every loaded container's memory, utilisation and processes, on demand.
 
-How this works: the tick reads only what the feedback needs (the tail, see
-:class:`~hami_trio.monitor.snapshot.TickDecoder`) and publishes a :class:`TickView` - its
-containers, the handles they were read through and the blocking counters.  Whoever shows
+How this works: the tick reads only what the feedback needs and publishes a
+:class:`TickView` - its containers, their handles and the blocking counters.  Whoever shows
 usage (a ``/metrics`` render, the debug document, ``hami-trio status``) asks
 :meth:`UsageReader.read` in a worker thread: it pins every handle of that view
-(:meth:`~hami_trio.monitor.region.RegionHandle.pin`: a handle the tick closes meanwhile stays
-open until the read lets go, so no read goes through a descriptor number the kernel gave to
-another file), reads the tail and the live slots of each
-(:meth:`~hami_trio.monitor.region.RegionHandle.read_usage`, the same loader rule and
-rejection reasons as the tick), and builds the insights (process states, exited-process
-sums, the tick's blocking counters: :class:`~hami_trio.monitor.explain.Explainer`).  The
-result is one immutable :class:`UsageView` with the Unix time it was read at.  The
-:class:`~hami_trio.monitor.loop.Monitor` keeps the latest view and reads again only when it is
+(:meth:`~hami_trio.monitor.region.RegionHandle.pin`, so no read goes through a descriptor
+number the kernel gave to another file), reads each tail and live slots
+(:meth:`~hami_trio.monitor.region.RegionHandle.read_usage`, the tick's loader rule and
+rejection reasons) and builds the insights (:class:`~hami_trio.monitor.explain.Explainer`).
+
+The result is one immutable :class:`UsageView` with the Unix time it was read at; the
+:class:`~hami_trio.monitor.loop.Monitor` keeps the latest and reads again only when it is
 older than the freshness window or a tick came since.  docs/monitor.md (One usage read).
 """
 
@@ -30,16 +28,16 @@ from hami_trio.logs import RateLimiter
 from hami_trio.monitor.explain import Explainer
 from hami_trio.monitor.insight import BlockState, ContainerInsight
 from hami_trio.monitor.layout import RejectReason
-from hami_trio.monitor.lister import (
+from hami_trio.monitor.region import RegionHandle
+from hami_trio.monitor.snapshot import UsageSnapshot
+from hami_trio.monitor.state import (
     ContainerKey,
-    ContainerState,
     ContainerStatus,
     Rejection,
     TickState,
+    UsageState,
     new_container_state,
 )
-from hami_trio.monitor.region import RegionHandle
-from hami_trio.monitor.snapshot import UsageSnapshot
 
 __all__ = [
     "EMPTY_TICK",
@@ -47,14 +45,11 @@ __all__ = [
     "YIELD_EVERY",
     "TickView",
     "UsageReader",
-    "UsageState",
     "UsageView",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: A container as of a usage read.
-UsageState = ContainerState[UsageSnapshot]
 #: Containers read between two offers of the interpreter lock to other threads (the event
 #: loop's above all): the read is Python, and a thread that waits for the lock otherwise
 #: gets it only every switch interval (5 ms), after each of its system calls.

@@ -1,23 +1,18 @@
 """Which container directories had a name change since the last tick: one inotify instance.
 
 How this works: while the lister holds an open ``.cache`` handle in a container directory it
-watches that directory - the inode it resolved, through ``/proc/self/fd/N`` of its own
-``O_PATH`` descriptor, never a second lookup of the name - for name changes of its children
-and of itself (:data:`WATCH_MASK`; no ``IN_MODIFY``: the monitor's own control-word writes
-would mark every busy container).  At the start of each tick :meth:`DirectoryWatch.drain`
-reads what is queued without blocking; :meth:`DirectoryWatch.quiet` then tells the lister
-whether a directory may skip its identity ``lstat`` this tick: it is watched, one ``lstat``
-after the watch was added confirmed the name (:meth:`DirectoryWatch.confirm`), and no event
-about it was read since its last ``lstat`` (an event stays pending until an ``lstat`` of that
-directory, so a tick cancelled half-way loses none).  The drain parses at most
-:data:`PARSE_BYTES`: more is a flood (a tenant can create and delete names in its own
-directory at will); the rest is read and dropped, bounded, and until a tick completes - as
-after a queue overflow or a read error - no directory is quiet.  A drain that lost events
-also reconciles the watches with the kernel's list (``/proc/self/fdinfo``): a lost
-``IN_IGNORED`` would leave a watch believed in that the kernel dropped.  Watches are capped
-(a share of ``fs.inotify.max_user_watches``, which kubelet and others on the node use too);
-a directory that gets none keeps the ``lstat``.  docs/monitor.md (How a container's file is
-checked between ticks).
+watches that directory's inode (through ``/proc/self/fd/N`` of its own ``O_PATH``
+descriptor, never a second lookup of the name) for name changes (:data:`WATCH_MASK`; no
+``IN_MODIFY``, which the monitor's own writes would trigger).  Each tick
+:meth:`DirectoryWatch.drain` reads what is queued; :meth:`DirectoryWatch.quiet` says whether
+a directory may skip its identity ``lstat``: watched, confirmed once by an ``lstat``
+(:meth:`DirectoryWatch.confirm`), and no event about it since.
+
+A tenant can flood its own directory with names, so a drain parses at most
+:data:`PARSE_BYTES` and drops the rest; after a flood, an overflow or a read error no
+directory is quiet until a tick completes, and the watches are reconciled with the kernel's
+list.  Watches are capped (a share of ``fs.inotify.max_user_watches``); a directory without
+one keeps the ``lstat``.  docs/monitor.md (How a container's file is checked between ticks).
 """
 
 from __future__ import annotations

@@ -29,9 +29,9 @@ from hami_trio.agent.debug import (
     render,
 )
 from hami_trio.monitor.layout import Format, RejectReason
-from hami_trio.monitor.lister import ContainerKey, ContainerState, ContainerStatus, Rejection
 from hami_trio.monitor.scope import Claim
 from hami_trio.monitor.snapshot import UsageSnapshot, parse_region
+from hami_trio.monitor.state import ContainerKey, ContainerState, ContainerStatus, Rejection
 from hami_trio.pods.source import PodInfo, StaticPodSource
 from hami_trio.testing.regions import MemoryUse, ProcSlot, RegionSpec, UtilUse, build_region
 from tests.strategies.debug import container_states

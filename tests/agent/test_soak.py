@@ -70,6 +70,13 @@ BLOATED_PODS = 20
 BLOAT_RSS_FACTOR = 2.0
 PROBE_WITHIN = 5.0
 CHAIN_DEPTH = 3000
+# Removing one gone pod's tree (FILES files and a CHAIN_DEPTH chain) takes 10-17 s on an idle
+# 2-core machine (bench/monitor_removal.py --depth 3000: one budgeted step per 0.5 s tick),
+# and the tenant makes one every 5 s, so a backlog at the soak's end is expected; what must
+# hold is that removals keep going: each gone directory goes within REMOVAL_STALL seconds of
+# the one before, and all within REMOVAL_WITHIN.
+REMOVAL_STALL = 90.0
+REMOVAL_WITHIN = 420.0
 FILES = 20_000
 
 TENANT = textwrap.dedent(
@@ -289,16 +296,25 @@ def _late(churn: list[tuple[str, float]], root: Path) -> list[str]:
 
 
 async def _wait_removed(agent: AgentProcess, root: Path, gone_dirs: list[str]) -> None:
-    """Wait up to 90 s for the agent to remove every directory of ``gone_dirs``."""
-    with trio.move_on_after(90) as waited:
-        while any((root / d).exists() for d in gone_dirs):
-            assert agent.proc.poll() is None, agent.output()[-5000:]
-            await trio.sleep(0.2)
+    """Wait for the agent to remove every directory of ``gone_dirs``: each within
+    :data:`REMOVAL_STALL` seconds of the one before (no stall), all within
+    :data:`REMOVAL_WITHIN`."""
+    start = last_progress = trio.current_time()
     left = [d for d in gone_dirs if (root / d).exists()]
-    assert not waited.cancelled_caught, (
-        f"{len(left)} gone directories left after 90 s: {left[:5]}; the agent says "
-        + "\n".join(agent.output().splitlines()[-30:])
-    )
+    while left:
+        assert agent.proc.poll() is None, agent.output()[-5000:]
+        now = trio.current_time()
+        late = now - last_progress > REMOVAL_STALL or now - start > REMOVAL_WITHIN
+        assert not late, (
+            f"{len(left)} gone directories left after {now - start:.0f} s, the last removal "
+            f"{now - last_progress:.0f} s ago: {left[:5]}; the agent says "
+            + "\n".join(agent.output().splitlines()[-30:])
+        )
+        await trio.sleep(0.2)
+        still = [d for d in left if (root / d).exists()]
+        if len(still) < len(left):
+            last_progress = trio.current_time()
+        left = still
 
 
 async def _read_to_end(process: trio.Process, size: int) -> bytes:

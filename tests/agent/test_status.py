@@ -29,8 +29,9 @@ from hami_trio.agent.debug import (
 from hami_trio.agent.status import format_status, status_address
 from hami_trio.errors import ConfigError
 from hami_trio.goparse import BindAddress
-from hami_trio.monitor.lister import ContainerKey, ContainerLister
+from hami_trio.monitor.lister import ContainerLister
 from hami_trio.monitor.scope import Claim
+from hami_trio.monitor.state import ContainerKey
 from hami_trio.pods.source import StaticPodSource
 from tests.agent.test_debug import (
     GPU_A,

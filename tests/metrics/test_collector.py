@@ -24,6 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from hami_trio.metrics.collector import BuildInfoCollector, VGpuCollector
 from hami_trio.metrics.endpoint import render_metrics
 from hami_trio.metrics.hostgpu import HostGpuSampler
+from hami_trio.monitor.layout import RejectReason
+from hami_trio.monitor.state import ContainerKey, ContainerState, ContainerStatus, Rejection
 from hami_trio.pods.source import PodInfo, StaticPodSource
 from tests.metrics.fake_nvml import FakeGpu, FakeNvml
 from tests.metrics.promtool import lint
@@ -57,18 +59,29 @@ class FakeSnapshot:
     last_kernel_time: int = 0
 
 
-@dataclass(frozen=True)
-class FakeRejection:
-    reason: str = "magic"
-    message: str = "x.cache: magic 0 is not HAMi-core's"
+#: A refused file, as the monitor reports it.
+MAGIC = Rejection(RejectReason.MAGIC, "x.cache: magic 0 is not HAMi-core's")
+#: What the collector reads of a container: the monitor's own value, with a fake snapshot.
+FakeContainer = ContainerState[FakeSnapshot]
 
 
-@dataclass(frozen=True)
-class FakeContainer:
-    pod_uid: str
-    container_name: str
-    snapshot: FakeSnapshot | None = FakeSnapshot()
-    rejection: FakeRejection | None = None
+def fake_container(
+    pod_uid: str,
+    container_name: str,
+    snapshot: FakeSnapshot | None = FakeSnapshot(),
+    rejection: Rejection | None = None,
+) -> FakeContainer:
+    key = ContainerKey(pod_uid, container_name)
+    if snapshot is not None:
+        status = ContainerStatus.LOADED
+    elif rejection is not None:
+        status = ContainerStatus.REJECTED
+    else:
+        status = ContainerStatus.NO_CACHE_FILE
+    cache_file = None if status is ContainerStatus.NO_CACHE_FILE else "x.cache"
+    return ContainerState(
+        key, f"/hook/containers/{key.dirname}", cache_file, status, snapshot, rejection
+    )
 
 
 @dataclass
@@ -162,7 +175,7 @@ LABELS = {
 def test_container_metrics_match_upstream() -> None:
     # The same fixture as HAMi's TestCollectContainerMetrics, with last kernel 60 s ago.
     snap = FakeSnapshot(last_kernel_time=NOW - 60)
-    text = scrape(collector(FakeMonitor([FakeContainer("uid-1", "worker", snap)]), [hami_pod()]))
+    text = scrape(collector(FakeMonitor([fake_container("uid-1", "worker", snap)]), [hami_pod()]))
     expected = {
         "hami_vgpu_memory_used_bytes": 8000,
         "hami_vgpu_memory_limit_bytes": 10000,
@@ -189,7 +202,7 @@ def test_container_metrics_match_upstream() -> None:
 
 
 def test_no_kernel_activity_has_no_elapsed_metric() -> None:
-    monitor = FakeMonitor([FakeContainer("uid-1", "worker")])
+    monitor = FakeMonitor([fake_container("uid-1", "worker")])
     text = scrape(collector(monitor, [hami_pod()]))
     assert samples(text, "hami_container_last_kernel_elapsed_seconds") == []
     assert len(samples(text, "hami_vgpu_memory_used_bytes")) == 1
@@ -202,7 +215,7 @@ def test_no_kernel_activity_has_no_elapsed_metric() -> None:
 )
 def test_last_kernel_time_like_go(last_kernel_time: int, expected: list[float]) -> None:
     snap = FakeSnapshot(last_kernel_time=last_kernel_time)
-    text = scrape(collector(FakeMonitor([FakeContainer("uid-1", "worker", snap)]), [hami_pod()]))
+    text = scrape(collector(FakeMonitor([fake_container("uid-1", "worker", snap)]), [hami_pod()]))
     got = samples(text, "hami_container_last_kernel_elapsed_seconds")
     assert [value for _, value in got] == expected
 
@@ -213,7 +226,7 @@ def test_unused_and_non_utf8_devices_are_skipped() -> None:
         FakeDevice(1, FakeUUID("GPU-b")),
         FakeDevice(2, FakeUUID(None)),
     )
-    monitor = FakeMonitor([FakeContainer("uid-1", "worker", FakeSnapshot(devices))])
+    monitor = FakeMonitor([fake_container("uid-1", "worker", FakeSnapshot(devices))])
     text = scrape(collector(monitor, [hami_pod()]))
     got = samples(text, "hami_vgpu_memory_limit_bytes")
     assert [(labels["vdevice_index"], labels["device_uuid"]) for labels, _ in got] == [
@@ -224,12 +237,12 @@ def test_unused_and_non_utf8_devices_are_skipped() -> None:
 def test_pod_matching_with_kubernetes() -> None:
     monitor = FakeMonitor(
         [
-            FakeContainer("uid-1", "worker"),  # exported
-            FakeContainer("uid-1", "init"),  # an init container: not in spec.containers
-            FakeContainer("uid-2", "worker"),  # pod lacks the hami.io/vgpu-node label
-            FakeContainer("uid-3", "worker"),  # pod assigned to another node
-            FakeContainer("uid-4", "worker"),  # unknown pod
-            FakeContainer("uid-1", "worker2", None),  # no loaded file
+            fake_container("uid-1", "worker"),  # exported
+            fake_container("uid-1", "init"),  # an init container: not in spec.containers
+            fake_container("uid-2", "worker"),  # pod lacks the hami.io/vgpu-node label
+            fake_container("uid-3", "worker"),  # pod assigned to another node
+            fake_container("uid-4", "worker"),  # unknown pod
+            fake_container("uid-1", "worker2", None),  # no loaded file
         ]
     )
     pods = [
@@ -256,10 +269,10 @@ def test_pod_matching_with_kubernetes() -> None:
 def test_completed_pods_rejected_files_and_the_pause_are_counted_by_state() -> None:
     monitor = FakeMonitor(
         [
-            FakeContainer("done", "worker"),  # its pod Succeeded
-            FakeContainer("crashed", "worker"),  # its pod Failed
-            FakeContainer("live", "worker"),  # running: exported
-            FakeContainer("live", "bad", None, FakeRejection()),  # file refused
+            fake_container("done", "worker"),  # its pod Succeeded
+            fake_container("crashed", "worker"),  # its pod Failed
+            fake_container("live", "worker"),  # running: exported
+            fake_container("live", "bad", None, MAGIC),  # file refused
         ]
     )
     pods = [
@@ -286,7 +299,7 @@ def test_completed_pods_rejected_files_and_the_pause_are_counted_by_state() -> N
 
 
 def test_without_kubernetes_pods_are_named_by_uid() -> None:
-    monitor = FakeMonitor([FakeContainer("0b6c1e7a-uid", "main")])
+    monitor = FakeMonitor([fake_container("0b6c1e7a-uid", "main")])
     text = scrape(collector(monitor, kubernetes=False))
     ((labels, value),) = samples(text, "hami_vgpu_memory_used_bytes")
     assert labels == {**LABELS, "namespace": "", "pod": "0b6c1e7a-uid", "container": "main"}
@@ -297,8 +310,8 @@ def test_without_kubernetes_pods_are_named_by_uid() -> None:
 def test_blocked_gauge() -> None:
     monitor = FakeMonitor(
         [
-            FakeContainer("uid-1", "worker", FakeSnapshot(recent_kernel=-1)),
-            FakeContainer("uid-1", "other", FakeSnapshot(recent_kernel=2)),
+            fake_container("uid-1", "worker", FakeSnapshot(recent_kernel=-1)),
+            fake_container("uid-1", "other", FakeSnapshot(recent_kernel=2)),
         ]
     )
     text = scrape(collector(monitor, [hami_pod(containers=("worker", "other"))]))
@@ -312,7 +325,7 @@ def test_blocked_gauge() -> None:
 
 def test_legacy_metrics() -> None:
     snap = FakeSnapshot(last_kernel_time=NOW - 5)
-    monitor = FakeMonitor([FakeContainer("uid-1", "worker", snap)])
+    monitor = FakeMonitor([fake_container("uid-1", "worker", snap)])
     text = scrape(collector(monitor, [hami_pod()], legacy=True))
     old = {
         "podnamespace": "team-a",
@@ -334,7 +347,7 @@ def test_legacy_metrics() -> None:
 
 def test_legacy_offset_wraps_as_uint64() -> None:
     device = FakeDevice(0, memory_total=100, context_size=70, module_size=20, buffer_size=30)
-    monitor = FakeMonitor([FakeContainer("uid-1", "worker", FakeSnapshot((device,)))])
+    monitor = FakeMonitor([fake_container("uid-1", "worker", FakeSnapshot((device,)))])
     text = scrape(collector(monitor, [hami_pod()], legacy=True))
     ((labels, _),) = samples(text, "Device_memory_desc_of_container")
     assert labels["offset"] == str((1 << 64) - 20)
@@ -383,7 +396,7 @@ def test_mig_rows(caplog: pytest.LogCaptureFixture) -> None:
         mig_pod("uid-3", [allocation(1, 0)], labels={}),  # not HAMi's pod on this node
     ]
     mig = collector(FakeMonitor(), pods, legacy=True)
-    with caplog.at_level(logging.WARNING, logger="hami_trio.monitor.metrics"):
+    with caplog.at_level(logging.WARNING, logger="hami_trio.metrics.collector"):
         text = scrape(mig)
         text_again = scrape(mig)
     rows = samples(text, "hami_mig_device_info")
@@ -502,7 +515,11 @@ def test_registering_twice_is_refused() -> None:
 
 def _full_output(legacy: bool) -> str:
     monitor = FakeMonitor(
-        [FakeContainer("uid-1", "main-a", FakeSnapshot(last_kernel_time=NOW - 1, recent_kernel=-1))]
+        [
+            fake_container(
+                "uid-1", "main-a", FakeSnapshot(last_kernel_time=NOW - 1, recent_kernel=-1)
+            )
+        ]
     )
     nvml = FakeNvml(gpus=[FakeGpu()])
     mig = collector(
@@ -554,7 +571,7 @@ def test_lint_refuses_text_it_cannot_parse() -> None:
 
 
 def test_openmetrics_rendering_parses() -> None:
-    monitor = FakeMonitor([FakeContainer("uid-1", "worker")])
+    monitor = FakeMonitor([fake_container("uid-1", "worker")])
     text = scrape(collector(monitor, [hami_pod()], legacy=True), openmetrics=True)
     names = {f.name for f in parse_openmetrics(text)}
     assert {"hami_vgpu_memory_used_bytes", "Device_memory_desc_of_container"} <= names
@@ -578,7 +595,7 @@ def test_fast_rendering_equals_prometheus_client(openmetrics: bool) -> None:
     hostile = 'GPU-"q"\\b\nc{}=,'
     devices = (FakeDevice(0), FakeDevice(1, FakeUUID(hostile), memory_total=(1 << 64) - 1))
     snap = FakeSnapshot(devices, recent_kernel=-1, last_kernel_time=NOW - 3)
-    monitor = FakeMonitor([FakeContainer("uid-1", "worker", snap)])
+    monitor = FakeMonitor([fake_container("uid-1", "worker", snap)])
     registry = CollectorRegistry()
     registry.register(
         collector(
@@ -634,13 +651,13 @@ def errors(text: str) -> dict[str, float]:
 
 
 def test_a_failing_container_drops_only_its_own_rows(caplog: pytest.LogCaptureFixture) -> None:
-    good = FakeContainer("uid-1", "worker")
+    good = fake_container("uid-1", "worker")
     # Its first device renders, then the second raises: nothing of it may remain.
     devices = (FakeDevice(0), ExplodingDevice(1))
-    bad = FakeContainer("uid-2", "worker", FakeSnapshot(devices))  # type: ignore[arg-type]
+    bad = fake_container("uid-2", "worker", FakeSnapshot(devices))  # type: ignore[arg-type]
     pods = [hami_pod(), hami_pod("uid-2", name="hostile")]
     mig = collector(FakeMonitor([bad, good]), pods, legacy=True)
-    with caplog.at_level(logging.WARNING, logger="hami_trio.monitor.metrics"):
+    with caplog.at_level(logging.WARNING, logger="hami_trio.metrics.collector"):
         text = scrape(mig)
         text_again = scrape(mig)
     for name in (
@@ -660,7 +677,7 @@ def test_a_failing_container_drops_only_its_own_rows(caplog: pytest.LogCaptureFi
 def test_surrogates_in_names_cost_only_that_container() -> None:
     pods = [hami_pod(), hami_pod("uid-2", name="bad\udcff", containers=("worker",))]
     mig = collector(
-        FakeMonitor([FakeContainer("uid-1", "worker"), FakeContainer("uid-2", "worker")]), pods
+        FakeMonitor([fake_container("uid-1", "worker"), fake_container("uid-2", "worker")]), pods
     )
     registry = CollectorRegistry()
     registry.register(mig)
@@ -681,7 +698,7 @@ def test_failing_sources_cost_only_their_part() -> None:
 
     source = Pods([hami_pod()])
     mig = VGpuCollector(
-        FakeMonitor([FakeContainer("uid-1", "worker")]),
+        FakeMonitor([fake_container("uid-1", "worker")]),
         source,
         node_name="node-a",
         all_pods=no_pods,
@@ -707,7 +724,7 @@ TENANTS = st.lists(
 def test_no_tenant_data_fails_a_scrape(tenants: list[tuple[str, str, str]]) -> None:
     good = mig_pod("uid-good", [allocation(1, 0)])
     pods = [good]
-    containers = [FakeContainer("uid-good", "main-a")]
+    containers = [fake_container("uid-good", "main-a")]
     for index, (name, container, annotation) in enumerate(tenants):
         uid = f"uid-{index}"
         # (namespace, name) is unique in Kubernetes: each tenant gets its own namespace.
@@ -715,7 +732,7 @@ def test_no_tenant_data_fails_a_scrape(tenants: list[tuple[str, str, str]]) -> N
         pods.append(
             mig_pod(uid, annotation, name=name, namespace=namespace, containers=(container,))
         )
-        containers.append(FakeContainer(uid, container))
+        containers.append(fake_container(uid, container))
     registry = CollectorRegistry()
     registry.register(collector(FakeMonitor(containers), pods))
     text = render_metrics(registry, "", [])[0].decode("utf-8")
@@ -752,7 +769,7 @@ class RenamingPods(Pods):
 
 def test_kept_lines_follow_the_pod_names_for_the_same_snapshot() -> None:
     # The very same container and snapshot objects: only the pod's names change.
-    monitor = FakeMonitor([FakeContainer("uid-1", "worker")])
+    monitor = FakeMonitor([fake_container("uid-1", "worker")])
     source = RenamingPods([hami_pod()])
     mig = VGpuCollector(monitor, source, node_name="node-a", wall_clock=lambda: NOW)
     registry = CollectorRegistry()
@@ -776,7 +793,7 @@ def test_samples_of_kept_lines_equal_the_text() -> None:
         recent_kernel=-1,
         last_kernel_time=NOW - 9,
     )
-    monitor = FakeMonitor([FakeContainer("uid-1", "worker", snap)])
+    monitor = FakeMonitor([fake_container("uid-1", "worker", snap)])
     mig = collector(monitor, [hami_pod()], legacy=True)
     registry = CollectorRegistry()
     registry.register(mig)
@@ -800,7 +817,7 @@ def test_samples_of_kept_lines_equal_the_text() -> None:
 
 
 def test_kept_lines_only_for_the_containers_of_the_latest_scrape() -> None:
-    containers = [FakeContainer(f"uid-{i}", "worker") for i in range(5)]
+    containers = [fake_container(f"uid-{i}", "worker") for i in range(5)]
     monitor = FakeMonitor(list(containers))
     pods = [hami_pod(f"uid-{i}", name=f"p-{i}") for i in range(5)]
     mig = collector(monitor, pods)
@@ -818,7 +835,7 @@ def test_two_scrapes_at_once_give_what_one_gives() -> None:
     import threading
 
     containers = [
-        FakeContainer(f"uid-{i}", "worker", FakeSnapshot(last_kernel_time=NOW - i))
+        fake_container(f"uid-{i}", "worker", FakeSnapshot(last_kernel_time=NOW - i))
         for i in range(50)
     ]
     pods = [hami_pod(f"uid-{i}", name=f"p-{i}") for i in range(50)]
@@ -866,7 +883,7 @@ def test_a_scrape_makes_no_reference_cycles() -> None:
     done: held in a cycle, megabytes of them would wait for a cyclic collection."""
     good = mig_pod("uid-good", [allocation(1, 0)])
     registry = CollectorRegistry()
-    registry.register(collector(FakeMonitor([FakeContainer("uid-good", "main-a")]), [good]))
+    registry.register(collector(FakeMonitor([fake_container("uid-good", "main-a")]), [good]))
     render_metrics(registry, "", [])  # caches filled
     gc.collect()
     gc.disable()

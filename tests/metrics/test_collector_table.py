@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hami_trio.metrics import collector as collector_module
 from hami_trio.metrics.collector import VGpuCollector
 from hami_trio.metrics.endpoint import render_metrics
+from hami_trio.monitor.state import ContainerKey, ContainerState, ContainerStatus
 from hami_trio.pods.source import PodInfo
 from tests.metrics.test_collector import Pods
 
@@ -97,12 +98,21 @@ def insight(base: int, **kwargs: Any) -> Insight:
     return Insight(**fields)
 
 
-@dataclass(frozen=True)
-class Container:
-    pod_uid: str
-    container_name: str
-    snapshot: Snapshot | None
-    rejection: None = None
+#: What the collector reads of a container: the monitor's own value, with a fake snapshot.
+Container = ContainerState[Snapshot]
+
+
+def container(pod_uid: str, container_name: str, snapshot: Snapshot | None) -> Container:
+    key = ContainerKey(pod_uid, container_name)
+    loaded = snapshot is not None
+    return ContainerState(
+        key,
+        f"/hook/containers/{key.dirname}",
+        "x.cache" if loaded else None,
+        ContainerStatus.LOADED if loaded else ContainerStatus.NO_CACHE_FILE,
+        snapshot,
+        None,
+    )
 
 
 @dataclass(frozen=True)
@@ -177,7 +187,7 @@ def fixture() -> Monitor:
     sums leave out exited slots (its parts exceed the total: the legacy offset wraps), one
     without an insight, and one of an unknown pod (not exported)."""
     items = {
-        "uid-1_worker": Container(
+        "uid-1_worker": container(
             "uid-1",
             "worker",
             Snapshot(
@@ -186,11 +196,11 @@ def fixture() -> Monitor:
                 last_kernel_time=NOW - 16,
             ),
         ),
-        "uid-2_main": Container(
+        "uid-2_main": container(
             "uid-2", "main", Snapshot((device(0, 400, GPU_C),), last_kernel_time=NOW - 60)
         ),
-        "uid-3_side": Container("uid-3", "side", Snapshot((device(0, 600, GPU_A),))),
-        "uid-4_gone": Container("uid-4", "gone", Snapshot((device(0, 700, GPU_A),))),
+        "uid-3_side": container("uid-3", "side", Snapshot((device(0, 600, GPU_A),))),
+        "uid-4_gone": container("uid-4", "gone", Snapshot((device(0, 700, GPU_A),))),
     }
     without_exited = Device(0, UUID(GPU_C), 501, 100, 70, 20, 30, 506)
     insights = {

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from hami_trio.monitor.explain import Explainer
 from hami_trio.monitor.insight import NEVER_BLOCKED, BlockState, BlockTracker
-from hami_trio.monitor.lister import ContainerKey
 from hami_trio.monitor.region import RegionHandle
+from hami_trio.monitor.state import ContainerKey
 from hami_trio.testing.regions import (
     MemoryUse,
     ProcSlot,

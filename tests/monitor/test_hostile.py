@@ -35,9 +35,9 @@ import pytest
 import trio
 
 from hami_trio.monitor.layout import MAGIC, Format
-from hami_trio.monitor.lister import ContainerKey, ContainerStatus
 from hami_trio.monitor.loop import Monitor, MonitorConfig, serve_monitor
 from hami_trio.monitor.snapshot import parse_region
+from hami_trio.monitor.state import ContainerKey, ContainerStatus
 from hami_trio.pods.source import StaticPodSource
 from hami_trio.testing.regions import (
     MemoryUse,

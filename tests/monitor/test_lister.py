@@ -18,12 +18,10 @@ from hami_trio.monitor.lister import (
     CHECKPOINT_EVERY,
     INITIALISING_TICKS,
     MAX_DIR_ENTRIES,
-    ContainerKey,
     ContainerLister,
-    ContainerStatus,
-    parse_container_dirname,
 )
 from hami_trio.monitor.remover import Budget
+from hami_trio.monitor.state import ContainerKey, ContainerStatus, parse_container_dirname
 from hami_trio.pods.source import PodInfo, PodSource, StaticPodSource
 from hami_trio.testing.regions import RegionSpec, SimulatedWorkload, region_pieces, write_region
 
@@ -269,10 +267,10 @@ async def test_old_dir_of_unknown_pod_is_removed_and_its_handle_closed(root: Pat
     assert list(view) == [key("live_c")]
     assert handle.closed
     assert directory.exists()  # the tick only schedules the removal
-    assert lister.removals_pending == 1
-    assert await lister.remove_step() is False
+    assert lister.removals.pending == 1
+    assert await lister.removals.step() is False
     assert not directory.exists()
-    assert lister.removals_pending == 0
+    assert lister.removals.pending == 0
 
 
 async def test_removal_runs_a_budget_per_step_and_the_tick_never_looks_at_it(
@@ -292,7 +290,8 @@ async def test_removal_runs_a_budget_per_step_and_the_tick_never_looks_at_it(
         on_removal=outcomes.append,
         removal_budget=Budget(ops=10),
     )
-    caplog.set_level(logging.INFO, logger="hami_trio.monitor.lister")
+    caplog.set_level(logging.INFO, logger="hami_trio.monitor.lister")  # scheduled
+    caplog.set_level(logging.INFO, logger="hami_trio.monitor.remover")  # removed
     steps = 0
     while directory.exists():
         # The directory's mtime is fresh again after the first step: a tick that looked at
@@ -302,15 +301,15 @@ async def test_removal_runs_a_budget_per_step_and_the_tick_never_looks_at_it(
         assert "gone_c" not in lister.tracked_names()
         # Nothing is written for it while it is being removed.
         lister.apply([Write(key("gone_c"), ControlField.RECENT_KERNEL, -1)])
-        await lister.remove_step()
+        await lister.removals.step()
         steps += 1
         assert steps < 100
         # Between two steps the unfinished removal keeps its descriptors open.
-        assert lister.removal_in_progress == directory.exists()
+        assert lister.removals.in_progress == directory.exists()
     assert steps >= 10
     assert outcomes == ["removed"]
-    assert lister.removals_pending == 0
-    assert not lister.removal_in_progress
+    assert lister.removals.pending == 0
+    assert not lister.removals.in_progress
     assert "removing " in caplog.text
     assert f"removed {directory}" in caplog.text
 
@@ -327,13 +326,13 @@ async def test_a_removal_that_fails_is_counted_logged_and_decided_again(
     # The containers directory goes away under the remover: the step fails, not the agent.
     moved = root.parent / "elsewhere"
     os.rename(root, moved)
-    assert await lister.remove_step() is False
+    assert await lister.removals.step() is False
     assert outcomes == ["failed"]
     assert "cannot open the containers directory" in caplog.text
     os.rename(moved, root)
     await lister.update()  # still gone and old: scheduled again, under the same rules
-    assert lister.removals_pending == 1
-    await lister.remove_step()
+    assert lister.removals.pending == 1
+    await lister.removals.step()
     assert outcomes == ["failed", "removed"]
     assert not directory.exists()
 
@@ -357,7 +356,7 @@ async def test_removal_never_follows_a_symlink_inside(root: Path, tmp_path: Path
     os.utime(directory, (old, old))
     lister = make(root, StaticPodSource([]), resync_interval=60)
     await lister.update()
-    await lister.remove_step()
+    await lister.removals.step()
     assert not directory.exists()
     assert (precious / "data").read_text() == "keep"
 

@@ -27,14 +27,10 @@ from prometheus_client import CollectorRegistry
 from hami_trio.monitor import watch as watch_module
 from hami_trio.monitor.feedback import Write
 from hami_trio.monitor.layout import LAYOUTS, ControlField, Format, RejectReason
-from hami_trio.monitor.lister import (
-    CHECKPOINT_EVERY,
-    ContainerKey,
-    ContainerLister,
-    ContainerStatus,
-)
+from hami_trio.monitor.lister import CHECKPOINT_EVERY, ContainerLister
 from hami_trio.monitor.loop import Monitor, MonitorConfig
 from hami_trio.monitor.region import PROBE_SLACK
+from hami_trio.monitor.state import ContainerKey, ContainerStatus
 from hami_trio.monitor.watch import (
     PARSE_BYTES,
     RETRY_TICKS,
@@ -558,8 +554,8 @@ async def test_a_gone_pods_directory_loses_its_watch_before_removal(root: Path) 
     try:
         await made.update()
         assert made.watched_directories == 1  # the gone pod's was never read: expired
-        assert made.removals_pending == 1
-        while await made.remove_step():
+        assert made.removals.pending == 1
+        while await made.removals.step():
             pass
         assert not (root / "gone_c").exists()
         await made.update()

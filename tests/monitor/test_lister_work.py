@@ -25,8 +25,9 @@ import pytest
 import trio
 
 from hami_trio.monitor.layout import MAX_DEVICES, MAX_SLOTS
-from hami_trio.monitor.lister import INLINE_DIR_BYTES, MAX_STEP_WORK, ContainerStatus
+from hami_trio.monitor.lister import INLINE_DIR_BYTES, MAX_STEP_WORK
 from hami_trio.monitor.loop import Monitor, MonitorConfig
+from hami_trio.monitor.state import ContainerStatus
 from hami_trio.pods.source import StaticPodSource
 from hami_trio.testing.regions import (
     MemoryUse,

@@ -22,40 +22,15 @@ from trio.testing import MockClock
 
 from hami_trio.agent.grants import pod_grants
 from hami_trio.monitor import loop as loop_module
+from hami_trio.monitor import miglock
 from hami_trio.monitor.feedback import Write
 from hami_trio.monitor.layout import ControlField
-from hami_trio.monitor.lister import ContainerKey
-from hami_trio.monitor.loop import (
-    Monitor,
-    MonitorConfig,
-    prepare_mig_lock_dir,
-    serve_monitor,
-)
+from hami_trio.monitor.loop import Monitor, MonitorConfig, serve_monitor
+from hami_trio.monitor.state import ContainerKey
 from hami_trio.pods.allocated import ALLOCATED_ANNOTATION
 from hami_trio.pods.source import PodInfo, StaticPodSource
 from hami_trio.testing.regions import RegionSpec, SimulatedWorkload, write_region
 from tests.sandbox import NOBODY, run_in_child, world_readable_dir
-
-# -- configuration ---------------------------------------------------------------------
-
-
-def test_prepare_lock_dir(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    old = os.umask(0o077)
-    try:
-        prepare_mig_lock_dir(tmp_path / "a" / "hami")
-    finally:
-        os.umask(old)
-    assert stat.S_IMODE((tmp_path / "a" / "hami").stat().st_mode) == 0o755
-    existing = tmp_path / "existing"
-    existing.mkdir(mode=0o700)
-    prepare_mig_lock_dir(existing)
-    assert stat.S_IMODE(existing.stat().st_mode) == 0o700  # not ours to change
-    (tmp_path / "file").write_text("")
-    with caplog.at_level(logging.WARNING):
-        prepare_mig_lock_dir(tmp_path / "file" / "hami")  # never fatal
-        prepare_mig_lock_dir(tmp_path / "file")
-    assert len(caplog.records) == 2
-
 
 # -- the loop ------------------------------------------------------------------------------
 
@@ -264,7 +239,7 @@ async def test_lock_created_and_removed_between_ticks(
 async def test_without_inotify_the_lock_is_still_seen_within_one_tick(
     autojump_clock: MockClock, hook: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(loop_module._LockWatch, "ensure", lambda self: None)
+    monkeypatch.setattr(miglock.LockWatch, "ensure", lambda self: None)
     work = add(hook, "a_c", recent_kernel=2)
     cfg = config(hook)
     async with trio.open_nursery() as nursery:
@@ -746,7 +721,7 @@ def _fail_opening(
             raise OSError(err, os.strerror(err))
         return real_open(file, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(loop_module.os, "open", fake_open)  # type: ignore[attr-defined]
+    monkeypatch.setattr(miglock.os, "open", fake_open)  # type: ignore[attr-defined]
     return switch
 
 

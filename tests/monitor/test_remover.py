@@ -31,6 +31,7 @@ from hami_trio.monitor.remover import (
     MOVED_PREFIX,
     Budget,
     QueuedStep,
+    RemovalQueue,
     TreeRemover,
     remove_queued,
 )
@@ -577,14 +578,14 @@ async def test_the_lister_puts_a_huge_tree_behind_the_others(containers: Path) -
         removal_budget=Budget(ops=2000, seconds=60),
     )
     await lister.update()
-    assert lister.removals_pending == 21
-    assert await lister.remove_step()
-    assert await lister.remove_step()
+    assert lister.removals.pending == 21
+    assert await lister.removals.step()
+    assert await lister.removals.step()
     assert os.listdir(containers) == ["big_c"]
     assert outcomes == ["removed"] * 20
-    assert lister.removal_in_progress  # the huge one, resumed by the next steps
+    assert lister.removals.in_progress  # the huge one, resumed by the next steps
     steps = 0
-    while await lister.remove_step():
+    while await lister.removals.step():
         steps += 1
         assert steps < 100
     assert outcomes == ["removed"] * 21
@@ -732,8 +733,8 @@ def test_stopping_the_monitor_mid_removal_leaves_no_thread_or_descriptor(
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert gone.exists()  # unfinished (a few steps only)
     # serve() waited for the step's thread and closed the removal's descriptors.
-    assert not monitor.lister.removal_in_progress
-    assert monitor.lister.removals_pending == 1
+    assert not monitor.lister.removals.in_progress
+    assert monitor.lister.removals.pending == 1
     assert open_fds() == baseline
 
 
@@ -761,7 +762,7 @@ def test_steady_churn_keeps_the_removal_queue_bounded(containers: Path) -> None:
     each with a container directory of the usual shape (two 2 MB ``.cache`` files), live
     for 30 s, then deleted; their directories go once older than the 60 s resync interval -
     6 directories a tick (1.2 a second), as in a soak that saw 1.07.  After every tick the
-    removal step runs (what ``serve_removals`` does).  Before: one directory per step, so
+    removal step runs (what ``RemovalQueue.serve`` does).  Before: one directory per step, so
     the queue grew by 5 a tick without bound (and its oldest entry's wait with it); now the
     queue and the wait stay flat, and the self-metrics say so."""
     interval, resync, per_tick, lifetime_ticks, ticks = 5.0, 60.0, 6, 6, 360
@@ -813,13 +814,13 @@ def test_steady_churn_keeps_the_removal_queue_bounded(containers: Path) -> None:
                 for uid in started[tick - lifetime_ticks]:
                     del pods.pods[uid]  # the pod is deleted
             await monitor.tick()
-            pending.append(monitor.lister.removals_pending)
-            oldest.append(monitor.lister.oldest_removal_age())
+            pending.append(monitor.lister.removals.pending)
+            oldest.append(monitor.lister.removals.oldest_age())
             assert gauge("hami_trio_monitor_removals_pending") == pending[-1]
             assert gauge("hami_trio_monitor_removal_oldest_pending_seconds") == oldest[-1]
             # Fails fast on a queue that grows (and keeps /dev/shm small if it does).
             assert pending[-1] <= 4 * per_tick, (tick, pending[-1])
-            await monitor.lister.remove_step()
+            await monitor.lister.removals.step()
             clock.jump(interval)
             await trio.lowlevel.checkpoint()
 
@@ -839,3 +840,43 @@ def test_steady_churn_keeps_the_removal_queue_bounded(containers: Path) -> None:
     assert gauge("hami_trio_monitor_resync_interval_seconds") == resync
     remaining = len(os.listdir(containers))
     assert remaining <= len(live) + per_tick * (lifetime_ticks + int(resync / interval) + 2)
+
+
+async def test_the_queue_counts_waits_and_serves_one_step_per_wake(
+    containers: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The queue alone, as the lister drives it: scheduled names are pending (and skipped by
+    the tick) until their removal ends; the oldest wait is on trio's clock; ``serve`` runs
+    one step per ``wake`` and none while nothing is scheduled."""
+    for name in ("a_c", "b_c"):
+        (containers / name).mkdir()
+        fill_with_files(containers / name, 3)
+    outcomes: list[str] = []
+    both_ended = trio.Event()
+
+    def ended(outcome: str) -> None:
+        outcomes.append(outcome)
+        if len(outcomes) == 2:
+            both_ended.set()
+
+    queue = RemovalQueue(str(containers), on_removal=ended)
+    queue.wake()  # nothing scheduled: no step
+    assert (queue.pending, queue.oldest_age(), queue.in_progress) == (0, 0.0, False)
+    queue.schedule("a_c", os.stat(containers / "a_c").st_ino)
+    await trio.sleep(5)
+    queue.schedule("b_c", None)
+    await trio.sleep(2)
+    assert queue.pending == 2
+    assert queue.scheduled == {"a_c", "b_c"}
+    assert queue.oldest_age() == 7.0
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(queue.serve)
+        await trio.testing.wait_all_tasks_blocked()
+        assert queue.pending == 2  # not woken yet
+        queue.wake()
+        await both_ended.wait()  # the step runs in a worker thread
+        nursery.cancel_scope.cancel()
+    assert outcomes == ["removed", "removed"]
+    assert (queue.pending, queue.oldest_age(), queue.scheduled) == (0, 0.0, set())
+    assert os.listdir(containers) == []
+    queue.stop()  # nothing open: nothing to do

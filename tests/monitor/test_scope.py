@@ -9,8 +9,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from hami_trio.monitor.feedback import Grant, Observed, observe
-from hami_trio.monitor.lister import ContainerKey
-from hami_trio.monitor.scope import FeedbackScope, uuid_text
+from hami_trio.monitor.scope import FeedbackScope, StrayStats, uuid_text
+from hami_trio.monitor.state import ContainerKey
+from hami_trio.monitor.stats import StrayCollector
 from hami_trio.pods.source import PodInfo, StaticPodSource
 
 
@@ -54,8 +55,9 @@ def make(
             return None
         return {"main": Grant((gpu("A"),), 1)}
 
-    registry, clock = CollectorRegistry(), Clock()
-    scope = FeedbackScope(pods, default if grants_of is None else grants_of, registry, clock=clock)  # type: ignore[arg-type]
+    registry, clock, stats = CollectorRegistry(), Clock(), StrayStats()
+    registry.register(StrayCollector(stats))
+    scope = FeedbackScope(pods, default if grants_of is None else grants_of, stats, clock=clock)  # type: ignore[arg-type]
     return scope, registry, clock, calls
 
 
@@ -81,7 +83,7 @@ def test_grants_once_per_pod_object_and_none_for_unknown_or_unannotated_pods() -
 
 
 def test_without_kubernetes_there_are_no_grants() -> None:
-    scope = FeedbackScope(StaticPodSource(), None, CollectorRegistry(), clock=lambda: 0.0)
+    scope = FeedbackScope(StaticPodSource(), None, StrayStats(), clock=lambda: 0.0)
     assert not scope.enabled
     assert scope.grants([KEY]) == {}
     claim = scope.claim(KEY, Observed(0, 2, 0, (gpu("B"),)))

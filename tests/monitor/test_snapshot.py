@@ -1,8 +1,9 @@
 """The pure RegionDecoder: which ranges it asks for, what it decodes, change detection.
 
 The decoder is driven here over bytes in memory, as ``monitor/region.py`` drives it over
-``pread``; its answers are compared with ``parse_region`` of the whole buffer (the same rules
-applied by another route) and with what the bytes say.
+``pread``; its answers are compared with the reference decoder of the whole buffer
+(``tests/monitor/reference.py``: the same rules, read value by value) and with what the
+bytes say.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from hami_trio.errors import CacheFileRejected
 from hami_trio.monitor.layout import (
     LAYOUTS,
     MAGIC,
+    TAIL_INDEX,
+    TAIL_MEMBERS,
     Format,
     RejectReason,
     layout_for_size,
@@ -29,16 +32,18 @@ from hami_trio.monitor.layout import (
 from hami_trio.monitor.snapshot import (
     DeviceUsage,
     RegionDecoder,
+    TickDecoder,
+    TickSnapshot,
     UsageSnapshot,
     _new_device_usage,
+    _new_tick_snapshot,
     _new_usage_snapshot,
     parse_region,
-    parse_static,
-    slot_rows,
-    sum_rows,
-    sum_rows_without,
+    read_tail,
+    sum_slots_without,
 )
 from hami_trio.testing.regions import MemoryUse, ProcSlot, RegionSpec, UtilUse, build_region
+from tests.monitor.reference import reference_region, reference_sums
 
 V0 = LAYOUTS[Format.V0]
 V1 = LAYOUTS[Format.V1]
@@ -158,6 +163,27 @@ def test_bytes_of_the_wrong_length_or_out_of_turn_are_an_error() -> None:
     assert decode(decoder, data) is snapshot
 
 
+@pytest.mark.parametrize("fmt", list(Format))
+def test_the_tail_is_read_member_by_member_at_the_table_offsets(fmt: Format) -> None:
+    layout = LAYOUTS[fmt]
+    data = bytearray(layout.tail_size)
+    wanted = {}
+    for value, name in enumerate(TAIL_MEMBERS, start=-2):
+        spot = layout.field(name)
+        if spot is None:  # v0 has no last_kernel_time: it reads as 0
+            wanted[name] = 0
+            continue
+        offset, size = spot
+        at = offset - layout.tail_offset
+        wanted[name] = value << 8 * (size - 1) if size == 8 else value
+        data[at : at + size] = wanted[name].to_bytes(size, "little", signed=size == 4)
+    got = read_tail(layout, data)
+    assert {name: got[TAIL_INDEX[name]] for name in TAIL_MEMBERS} == wanted
+    assert len(got) == len(TAIL_MEMBERS)
+    with pytest.raises(ValueError, match=f"^tail needs {layout.tail_size} bytes, got 3$"):
+        read_tail(layout, data[:3])
+
+
 # -- change detection ----------------------------------------------------------------------
 
 
@@ -196,7 +222,7 @@ def test_live_slots_give_their_pids_and_the_devices_they_use(fmt: Format) -> Non
         ProcSlot(pid=11, hostpid=4004, used=[MemoryUse(total=3)]),  # beyond proc_num
     ]
     data = region(format=fmt, procs=procs, proc_num=4, last_kernel_time=0)
-    for snapshot in (decode(RegionDecoder(), data), parse_region(data)):
+    for snapshot in (decode(RegionDecoder(), data), reference_region(data)):
         # slot 1 exited (status 0) and slot 4 is past proc_num: neither is a process
         assert (snapshot.pids, snapshot.host_pids) == ((7, 9, 10), (4001, 0, 4003))
         # slot 9 uses device 1 by SM utilisation alone, slot 10 both devices by memory
@@ -298,7 +324,7 @@ def test_memory_sums_are_reused_only_while_memory_words_and_live_slots_are_the_s
     ):
         data = region(procs=procs)
         got = decode(decoder, data)
-        assert got == parse_region(data)
+        assert got == reference_region(data)
     assert [d.memory_total for d in got.devices] == [310, 21]
     assert (got.devices[0].sm_util, got.device_processes) == (9, (3, 2))
 
@@ -316,7 +342,7 @@ def test_the_lock_words_between_header_and_static_part_are_not_a_change(fmt: For
         data[offset] ^= 0xFF
     assert decode(decoder, data) is first
     data[layout.num] ^= 1  # num is read: a change
-    assert decode(decoder, data) == parse_region(data) != first
+    assert decode(decoder, data) == reference_region(data) != first
 
 
 def test_values_that_hash_alike_are_still_told_apart() -> None:
@@ -328,7 +354,7 @@ def test_values_that_hash_alike_are_still_told_apart() -> None:
         slot = ProcSlot(pid=1, used=[MemoryUse(total=total)])
         got = decode(decoder, region(procs=[slot]))
         assert got.devices[0].memory_total == total
-        assert got == parse_region(region(procs=[slot]))
+        assert got == reference_region(region(procs=[slot]))
 
 
 def test_sums_wrap_at_64_bits_and_a_dead_slot_between_live_ones_is_left_out() -> None:
@@ -343,20 +369,32 @@ def test_sums_wrap_at_64_bits_and_a_dead_slot_between_live_ones_is_left_out() ->
     for got in (decode(decoder, region(procs=procs)), decode(RegionDecoder(), region(procs=procs))):
         assert [d.memory_total for d in got.devices] == [5, 1]  # (huge + 10) mod 2**64
         assert (got.active_slots, got.pids, got.device_processes) == (2, (1, 3), (2, 2))
-        assert got == parse_region(region(procs=procs))
+        assert got == reference_region(region(procs=procs))
 
 
 def test_the_fast_constructors_build_what_the_classes_build() -> None:
     # The decoder builds its objects through a twin class (then switches their class); they
     # must be the very objects the dataclass constructors make: equal, hashable alike,
-    # frozen, all fields.
-    snapshot = parse_region(region())
-    for cls, make, obj in (
-        (UsageSnapshot, _new_usage_snapshot, snapshot),
-        (DeviceUsage, _new_device_usage, snapshot.devices[0]),
+    # frozen, all fields.  The snapshots take the tail's fields as one tuple (in TAIL_MEMBERS'
+    # order), in the place of the first of them.
+    data = region()
+    snapshot = parse_region(data)
+    tick = TickDecoder()
+    step: tuple[int, int] | TickSnapshot = tick.start(len(data))
+    while isinstance(step, tuple):
+        step = tick.feed(bytes(data[step[0] : step[0] + step[1]]))
+    for cls, make, obj, spread in (
+        (UsageSnapshot, _new_usage_snapshot, snapshot, True),
+        (TickSnapshot, _new_tick_snapshot, step, True),
+        (DeviceUsage, _new_device_usage, snapshot.devices[0], False),
     ):
         values = [getattr(obj, f.name) for f in dataclasses.fields(cls)]
-        made = make(*values)
+        names = [f.name for f in dataclasses.fields(cls)]
+        args = [getattr(obj, name) for name in names if not spread or name not in TAIL_MEMBERS]
+        if spread:
+            first = min(names.index(name) for name in TAIL_MEMBERS)
+            args.insert(first, tuple(getattr(obj, name) for name in TAIL_MEMBERS))
+        made = make(*args)
         assert type(made) is cls
         assert made == cls(*values) == obj
         assert hash(made) == hash(obj)
@@ -364,13 +402,22 @@ def test_the_fast_constructors_build_what_the_classes_build() -> None:
             setattr(made, dataclasses.fields(cls)[0].name, 1)
 
 
-# -- against parse_region ------------------------------------------------------------------
+# -- against the reference decoder ---------------------------------------------------------
 
 
 @given(st_layout.region_files())
-def test_any_file_decodes_as_parse_region_does(data: bytes) -> None:
-    got = outcome_of(lambda: decode(RegionDecoder(), data))
-    same_outcome(got, outcome_of(lambda: parse_region(data)))
+def test_any_file_decodes_as_the_reference_does(data: bytes) -> None:
+    want = outcome_of(lambda: reference_region(data))
+    same_outcome(outcome_of(lambda: decode(RegionDecoder(), data)), want)
+    same_outcome(outcome_of(lambda: parse_region(data)), want)
+
+
+def test_parse_region_refuses_data_shorter_than_the_size_it_is_given() -> None:
+    data = region()
+    assert parse_region(data, len(data)) == reference_region(data)
+    end = V1.tail_offset + V1.tail_size
+    with pytest.raises(ValueError, match=f"^data needs {end} bytes, got {end - 1}$"):
+        parse_region(data[: end - 1], len(data))
 
 
 @st.composite
@@ -410,7 +457,7 @@ def test_one_decoder_over_changing_bytes_answers_as_a_fresh_parse(versions: list
     previous: tuple[bytes, UsageSnapshot | CacheFileRejected] | None = None
     for data in versions:
         got = outcome_of(functools.partial(decode, decoder, data))
-        same_outcome(got, outcome_of(functools.partial(parse_region, data)))
+        same_outcome(got, outcome_of(functools.partial(reference_region, data)))
         if previous is not None and previous[0] == data and isinstance(got, UsageSnapshot):
             assert got is previous[1], "unchanged bytes: the same snapshot object"
         previous = (data, got)
@@ -423,7 +470,7 @@ def test_one_decoder_over_changing_bytes_answers_as_a_fresh_parse(versions: list
     st.lists(st.tuples(st.integers(0, 5), st.integers(0, 2), st.integers(0, 1 << 40)), max_size=20),
     st.frozensets(st.integers(0, 5)),
 )
-def test_sum_rows_without_equals_the_sums_of_the_other_slots(
+def test_sums_without_some_host_pids_are_the_sums_of_the_other_slots(
     slots: list[tuple[int, int, int]], exclude: frozenset[int]
 ) -> None:
     procs = [
@@ -432,19 +479,25 @@ def test_sum_rows_without_equals_the_sums_of_the_other_slots(
     ]
     spec = RegionSpec(uuids=["GPU-0"], procs=procs)
     data = build_region(spec)
-    static = parse_static(V1, data)
-    rows = slot_rows(V1, data, len(procs), static.device_count)
     kept = [p for p in procs if p.status and p.hostpid not in exclude]
-    totals = sum_rows_without(rows, static, exclude)
+    totals = sum_slots_without(V1, data, len(procs), exclude)
     assert totals.devices[0].memory_total == sum(p.used[0].total for p in kept)
     assert totals.active_slots == len(kept)
     assert totals.host_pids == tuple(p.hostpid for p in kept)
+    assert totals == reference_sums(V1, data, len(procs), exclude)
     if not exclude:
-        assert totals == sum_rows(rows, static)
+        snapshot = parse_region(data)
+        assert (totals.devices, totals.active_slots) == (snapshot.devices, snapshot.active_slots)
+
+
+def test_sums_without_need_the_slots_they_sum() -> None:
+    data = region()
+    with pytest.raises(ValueError, match=f"^head needs {V1.body_size(2)} bytes for 2 slots"):
+        sum_slots_without(V1, data[: V1.body_size(2) - 1], 2, frozenset())
 
 
 def test_the_lister_builds_its_states_as_the_class_does() -> None:
-    from hami_trio.monitor.lister import (
+    from hami_trio.monitor.state import (
         ContainerKey,
         ContainerState,
         ContainerStatus,

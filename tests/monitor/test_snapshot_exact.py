@@ -1,10 +1,9 @@
 """The region decoders' exact outputs and messages, on explicit examples (mutation measure).
 
-``tests/monitor/test_snapshot.py`` checks the decoders against ``parse_region``, which shares
-their helpers; here every answer is checked against explicit numbers and against
-:func:`reference_usage` / :func:`reference_tick`, a plain restatement of the rules
-(docs/monitor.md, "Usage snapshot") that reads each field at its layout offset, one slot at
-a time, and shares no code with ``hami_trio.monitor.snapshot``.  Only the public API is
+Every answer is checked against explicit numbers and against the reference decoder
+(``tests/monitor/reference.py``: a plain restatement of the rules, docs/monitor.md "Usage
+snapshot", that reads each field at its layout offset, one slot at a time, and shares no
+code with ``hami_trio.monitor.snapshot``).  Only the public API is
 used, so these tests hold whatever the module's private helpers are called.  They are the
 covering tests of ``monitor/snapshot.py`` for ``tools/mutation/run`` (with
 ``tests/monitor/test_tick_decoder.py``) and run in about a second.
@@ -22,7 +21,6 @@ from hami_trio.monitor.layout import (
     LAYOUTS,
     MAGIC,
     USED_FIELDS,
-    UTIL_FIELDS,
     Format,
     Layout,
     RejectReason,
@@ -33,6 +31,7 @@ from hami_trio.monitor.snapshot import (
     DeviceUsage,
     DeviceUUID,
     RegionDecoder,
+    SlotTotals,
     StaticInfo,
     TickDecoder,
     TickSnapshot,
@@ -40,161 +39,19 @@ from hami_trio.monitor.snapshot import (
     UUIDState,
     parse_region,
     parse_static,
-    parse_usage,
     read_tail,
-    slot_rows,
-    slot_struct,
-    sum_rows,
-    sum_rows_without,
-    sum_slots,
+    sum_slots_without,
 )
 from hami_trio.testing.regions import MemoryUse, ProcSlot, RegionSpec, UtilUse, build_region
+from tests.monitor.reference import reference_region, reference_sums, reference_tick
 
 V0 = LAYOUTS[Format.V0]
 V1 = LAYOUTS[Format.V1]
 _I32 = struct.Struct("<i")
 _U64 = struct.Struct("<Q")
-_WRAP = 1 << 64
 
 
-# -- the oracle ----------------------------------------------------------------------------
-
-
-def _i32(data: bytes | bytearray, offset: int) -> int:
-    value: int = _I32.unpack_from(data, offset)[0]
-    return value
-
-
-def _u64(data: bytes | bytearray, offset: int) -> int:
-    value: int = _U64.unpack_from(data, offset)[0]
-    return value
-
-
-def reference_uuid(raw: bytes) -> DeviceUUID:
-    """A UUID slot: unused when its first byte is NUL, else its text before the first NUL."""
-    if raw[0] == 0:
-        return DeviceUUID(raw, UUIDState.UNUSED, None)
-    try:
-        text = raw.split(b"\0")[0].decode("utf-8")
-    except UnicodeDecodeError:
-        return DeviceUUID(raw, UUIDState.INVALID_UTF8, None)
-    return DeviceUUID(raw, UUIDState.VALID, text)
-
-
-def _static(layout: Layout, data: bytes | bytearray) -> StaticInfo:
-    num = _u64(data, layout.num)
-    uuids = tuple(
-        reference_uuid(bytes(data[layout.uuids + 96 * i : layout.uuids + 96 * (i + 1)]))
-        for i in range(16)
-    )
-    return StaticInfo(
-        num=num,
-        device_count=min(num, 16),
-        uuids=uuids,
-        limits=tuple(_u64(data, layout.limit + 8 * d) for d in range(16)),
-        sm_limits=tuple(_u64(data, layout.sm_limit + 8 * d) for d in range(16)),
-        device_keys=tuple(u.raw for u in uuids if u.raw[0] != 0),
-    )
-
-
-def _version(layout: Layout, data: bytes | bytearray) -> tuple[int | None, int | None]:
-    if not layout.has_version:
-        return (None, None)
-    return (_i32(data, 4), _i32(data, 8))
-
-
-def _tail(layout: Layout, data: bytes | bytearray) -> tuple[int, int, int, int, int]:
-    last = 0 if layout.last_kernel_time is None else _u64(data, layout.last_kernel_time)
-    return (
-        _i32(data, layout.proc_num),
-        _i32(data, layout.utilization_switch),
-        _i32(data, layout.recent_kernel),
-        _i32(data, layout.priority),
-        last,
-    )
-
-
-def reference_usage(data: bytes | bytearray) -> UsageSnapshot:
-    """What a usage read of this whole file must give (the loader rule is classify's)."""
-    layout = classify(len(data), bytes(data[:12]))
-    proc_num, switch, recent, priority, last = _tail(layout, data)
-    static = _static(layout, data)
-    count = static.device_count
-    memory = [[0] * 5 for _ in range(count)]
-    sm = [0] * count
-    busy = [0] * count
-    pids: list[int] = []
-    host_pids: list[int] = []
-    for slot in range(min(max(proc_num, 0), 1024)):
-        base = layout.procs + slot * layout.slot_size
-        if _i32(data, base + layout.slot_status) == 0:
-            continue
-        pids.append(_i32(data, base + layout.slot_pid))
-        host_pids.append(_i32(data, base + layout.slot_hostpid))
-        for d in range(count):
-            used = base + layout.slot_used + d * layout.used_stride
-            words = [_u64(data, used + USED_FIELDS[name]) for name in USED_FIELDS]
-            util = _u64(data, base + layout.slot_util + d * layout.util_stride + 16)
-            assert UTIL_FIELDS["sm_util"] == 16
-            for k in range(5):
-                memory[d][k] = (memory[d][k] + words[k]) % _WRAP
-            sm[d] = (sm[d] + util) % _WRAP
-            busy[d] += words[4] != 0 or util != 0
-    context, module, buffer, offset, total = range(5)
-    devices = tuple(
-        DeviceUsage(
-            index=d,
-            uuid=static.uuids[d],
-            memory_limit=static.limits[d],
-            sm_limit=static.sm_limits[d],
-            memory_total=memory[d][total],
-            context_size=memory[d][context],
-            module_size=memory[d][module],
-            buffer_size=memory[d][buffer],
-            offset=memory[d][offset],
-            sm_util=sm[d],
-        )
-        for d in range(count)
-    )
-    major, minor = _version(layout, data)
-    return UsageSnapshot(
-        format=layout.format,
-        major=major,
-        minor=minor,
-        file_size=len(data),
-        device_count=count,
-        proc_num=proc_num,
-        active_slots=len(pids),
-        priority=priority,
-        recent_kernel=recent,
-        utilization_switch=switch,
-        last_kernel_time=last,
-        devices=devices,
-        uuids=static.uuids,
-        device_keys=static.device_keys,
-        pids=tuple(pids),
-        host_pids=tuple(host_pids),
-        device_processes=tuple(busy),
-    )
-
-
-def reference_tick(data: bytes | bytearray) -> TickSnapshot:
-    """What a tick read of this whole file must give when its head was read."""
-    usage = reference_usage(data)
-    return TickSnapshot(
-        format=usage.format,
-        major=usage.major,
-        minor=usage.minor,
-        file_size=usage.file_size,
-        device_count=usage.device_count,
-        proc_num=usage.proc_num,
-        priority=usage.priority,
-        recent_kernel=usage.recent_kernel,
-        utilization_switch=usage.utilization_switch,
-        last_kernel_time=usage.last_kernel_time,
-        uuids=usage.uuids,
-        device_keys=usage.device_keys,
-    )
+# -- helpers -----------------------------------------------------------------------------
 
 
 def refusal(call: Callable[[], object]) -> str:
@@ -341,7 +198,7 @@ def example_snapshot(fmt: Format) -> UsageSnapshot:
 def test_the_example_decodes_to_its_written_out_snapshot_by_every_route(fmt: Format) -> None:
     data = example(fmt)
     want = example_snapshot(fmt)
-    assert reference_usage(data) == want  # the oracle agrees with the hand count
+    assert reference_region(data) == want  # the oracle agrees with the hand count
     assert parse_region(data) == want
     assert parse_region(bytes(data)) == want
     file = File(data)
@@ -391,56 +248,74 @@ def test_the_public_pieces_give_the_example_s_parts() -> None:
     assert read_tail(V1, tail + b"extra") == (4, 1, 3, 5, 1_700_000_777)
     v0 = example(Format.V0)
     assert read_tail(V0, bytes(v0[V0.tail_offset : V0.tail_offset + 16])) == (4, 1, 3, 5, 0)
-    rows = slot_rows(V1, data, 4, 2)
-    # pid, hostpid, (context, module, data, offset, total) per device, sm_util per device,
-    # status
-    assert rows == [
-        (101, 5101, 1, 2, 3, 4, 10, 5, 6, 7, 8, 20, 30, 0, 1),
-        (102, 5102, 9, 9, 9, 9, 5000, 0, 0, 0, 0, 0, 0, 0, 0),
-        (103, 0, 100, 200, 300, 400, 1000, 0, 0, 0, 0, 0, 0, 7, 2),
-        (104, 5104, 0, 0, 0, 0, 0, 0, 0, 0, 0, 40, 0, 0, 1),
-    ]
-    assert slot_rows(V1, data, 0, 2) == []
-    assert slot_rows(V1, data, 1, 0) == [(101, 5101, 1)]
-    codec = slot_struct(V1, 2)
-    assert codec.size == V1.slot_size
-    assert slot_struct(V1, 2) is codec
-    assert slot_struct(V0, 2).size == V0.slot_size
     want = example_snapshot(Format.V1)
-    totals = sum_rows(rows, static)
-    assert (totals.devices, totals.active_slots) == (want.devices, 3)
-    assert (totals.pids, totals.host_pids, totals.device_processes) == (
-        (101, 103, 104),
-        (5101, 0, 5104),
-        (2, 3),
+    totals = sum_slots_without(V1, data, 4, frozenset())
+    assert totals == SlotTotals(
+        devices=want.devices,
+        active_slots=3,
+        pids=(101, 103, 104),
+        host_pids=(5101, 0, 5104),
+        device_processes=(2, 3),
     )
-    assert sum_slots(V1, data, 4, static) == totals
-    without = sum_rows_without(rows, static, frozenset({5101, 5102}))
-    assert (without.active_slots, without.pids, without.device_processes) == (2, (103, 104), (1, 2))
-    assert [d.memory_total for d in without.devices] == [1000, 40]
-    assert [d.sm_util for d in without.devices] == [0, 7]
-    empty = sum_rows([], static)
-    assert (empty.active_slots, empty.pids, empty.host_pids, empty.device_processes) == (
-        0,
-        (),
-        (),
-        (0, 0),
-    )
-    assert [(d.memory_total, d.context_size, d.sm_util) for d in empty.devices] == [(0, 0, 0)] * 2
+    assert totals == reference_sums(V1, data, 4)
+    # the head may end where the slots do
+    assert sum_slots_without(V1, data[: V1.body_size(4)], 4, frozenset()) == totals
 
 
-def test_parse_usage_uses_the_static_part_and_totals_it_is_given() -> None:
+def test_sum_slots_without_leaves_out_the_slots_of_the_host_pids_given() -> None:
     data = example()
-    tail = data[V1.tail_offset : V1.tail_offset + 24]
-    assert parse_usage(V1, len(data), data, tail) == example_snapshot(Format.V1)
-    other = example(uuids=["GPU-other"], limits=[1], procs=[ProcSlot(pid=9)], proc_num=1)
-    static = parse_static(V1, other)
-    totals = sum_slots(V1, other, 1, static)
-    got = parse_usage(V1, 12345, data, tail, static=static, totals=totals)
-    assert got.uuids is static.uuids
-    assert got.devices is totals.devices
-    assert (got.file_size, got.proc_num, got.active_slots, got.pids) == (12345, 4, 1, (9,))
-    assert got.devices[0].memory_limit == 1
+    # 5102 is the exited slot's, left out anyway; 9 is no slot's
+    without = sum_slots_without(V1, data, 4, frozenset({5101, 5102, 9}))
+    assert without == SlotTotals(
+        devices=(
+            DeviceUsage(0, EXAMPLE_UUIDS[0], 1000, 50, 1000, 100, 200, 300, 400, 0),
+            DeviceUsage(1, EXAMPLE_UUIDS[1], 2000, 60, 40, 0, 0, 0, 0, 7),
+        ),
+        active_slots=2,
+        pids=(103, 104),
+        host_pids=(0, 5104),
+        device_processes=(1, 2),
+    )
+    assert without == reference_sums(V1, data, 4, frozenset({5101, 5102, 9}))
+    # host PID 0 (slot 2) is a host PID like any other
+    only = sum_slots_without(V1, data, 4, frozenset({0, 5104}))
+    assert (only.active_slots, only.pids, only.host_pids, only.device_processes) == (
+        1,
+        (101,),
+        (5101,),
+        (1, 1),
+    )
+    assert only == reference_sums(V1, data, 4, frozenset({0, 5104}))
+    # fewer slots than the file has: slot 3 is not read
+    first = sum_slots_without(V1, data, 3, frozenset({5101}))
+    assert (first.active_slots, first.pids, first.device_processes) == (1, (103,), (1, 1))
+    assert [d.memory_total for d in first.devices] == [1000, 0]
+    for slots, skip in ((0, frozenset[int]()), (4, frozenset({5101, 0, 5104}))):
+        empty = sum_slots_without(V1, data, slots, skip)
+        assert empty == SlotTotals(
+            devices=tuple(
+                DeviceUsage(d, EXAMPLE_UUIDS[d], limit, sm, 0, 0, 0, 0, 0, 0)
+                for d, limit, sm in ((0, 1000, 50), (1, 2000, 60))
+            ),
+            active_slots=0,
+            pids=(),
+            host_pids=(),
+            device_processes=(0, 0),
+        )
+    # one device: the other device's words are not summed
+    one = example(num=1)
+    single = sum_slots_without(V1, one, 4, frozenset({5104}))
+    assert single.devices == (
+        DeviceUsage(0, EXAMPLE_UUIDS[0], 1000, 50, 1010, 101, 202, 303, 404, 30),
+    )
+    assert (single.active_slots, single.device_processes) == (2, (2,))
+    assert single == reference_sums(V1, one, 4, frozenset({5104}))
+    # v0 the same
+    v0 = example(Format.V0)
+    assert sum_slots_without(V0, v0, 4, frozenset({5101})) == reference_sums(
+        V0, v0, 4, frozenset({5101})
+    )
+    assert sum_slots_without(V0, v0, 4, frozenset()).devices == example_snapshot(Format.V0).devices
 
 
 def test_parse_region_classifies_by_the_size_it_is_told() -> None:
@@ -450,12 +325,12 @@ def test_parse_region_classifies_by_the_size_it_is_told() -> None:
     assert parse_region(data + b"\0", file_size=len(data) + 5).file_size == len(data) + 5
     assert (
         refusal(lambda: parse_region(data[: V1.tail_offset + 23], file_size=len(data)))
-        == f"v1 data needs {V1.tail_offset + 24} bytes, got {V1.tail_offset + 23}"
+        == f"data needs {V1.tail_offset + 24} bytes, got {V1.tail_offset + 23}"
     )
     v0 = example(Format.V0)
     assert (
         refusal(lambda: parse_region(v0[:100], file_size=len(v0)))
-        == f"v0 data needs {V0.tail_offset + 16} bytes, got 100"
+        == f"data needs {V0.tail_offset + 16} bytes, got 100"
     )
 
 
@@ -473,10 +348,10 @@ def test_short_buffers_are_refused_with_the_lengths_in_the_message() -> None:
     )
     assert parse_static(V1, data[: V1.procs]).num == 2
     assert (
-        refusal(lambda: slot_rows(V1, data[: V1.body_size(2) - 1], 2, 1))
+        refusal(lambda: sum_slots_without(V1, data[: V1.body_size(2) - 1], 2, frozenset()))
         == f"head needs {V1.body_size(2)} bytes for 2 slots, got {V1.body_size(2) - 1}"
     )
-    assert len(slot_rows(V1, data[: V1.body_size(2)], 2, 1)) == 2
+    assert sum_slots_without(V1, data[: V1.body_size(2)], 2, frozenset()).active_slots == 1
     assert refusal(lambda: DeviceUUID.from_raw(b"GPU")) == "a UUID slot is 96 bytes, got 3"
 
 
@@ -610,7 +485,7 @@ def test_one_usage_decoder_follows_every_kind_of_change_exactly() -> None:
     def step(expect_same: bool = False) -> UsageSnapshot:
         nonlocal seen
         got = file.usage(decoder)
-        assert got == reference_usage(file.data) == parse_region(file.data)
+        assert got == reference_region(file.data) == parse_region(file.data)
         assert (got is seen) == expect_same
         assert decoder.layout is V1
         seen = got
@@ -754,7 +629,7 @@ def test_many_slots_sum_as_few_do(count: int) -> None:
     data = example(num=1, procs=procs, proc_num=count)
     decoder = RegionDecoder()
     got = File(data).usage(decoder)
-    assert got == reference_usage(data) == parse_region(data)
+    assert got == reference_region(data) == parse_region(data)
     live = count - 1
     assert got.active_slots == live
     assert got.devices[0].memory_total == sum((i % 7) * 3 for i in range(count) if i != count // 2)
@@ -762,7 +637,7 @@ def test_many_slots_sum_as_few_do(count: int) -> None:
     assert got.device_processes == (live,)
     # the same decoder over one slot fewer and back
     smaller = example(num=1, procs=procs[:-1], proc_num=count - 1)
-    assert File(smaller).usage(decoder) == reference_usage(smaller)
+    assert File(smaller).usage(decoder) == reference_region(smaller)
     assert File(data).usage(decoder) == got
 
 
@@ -787,7 +662,7 @@ def test_sums_wrap_at_64_bits_exactly() -> None:
         for got in (parse_region(data), File(data).usage(RegionDecoder())):
             device = got.devices[0]
             assert (device.memory_total, device.sm_util, device.context_size) == (want, want, 0)
-            assert got == reference_usage(data)
+            assert got == reference_region(data)
 
 
 def test_device_processes_count_memory_or_utilisation_per_device() -> None:
@@ -829,7 +704,7 @@ def test_device_processes_count_memory_or_utilisation_per_device() -> None:
             File(data).usage(decoder),
         ):
             assert got.device_processes == busy
-            assert got == reference_usage(data)
+            assert got == reference_region(data)
         assert File(data).tick(tick) == reference_tick(data)
 
 
@@ -841,7 +716,7 @@ def test_the_device_count_is_num_up_to_sixteen() -> None:
         assert (got.device_count, len(got.devices)) == (count, count)
         assert [d.memory_total for d in got.devices] == list(range(1, count + 1))
         assert [d.index for d in got.devices] == list(range(count))
-        assert got == reference_usage(data) == parse_region(data)
+        assert got == reference_region(data) == parse_region(data)
         assert File(data).tick(TickDecoder()).device_count == count
 
 
@@ -855,7 +730,7 @@ def test_proc_num_is_clamped_to_the_slots(proc_num: int, slots: int) -> None:
     got = file.usage(RegionDecoder())
     assert file.asked == [(V1.tail_offset, 24), (0, V1.body_size(slots))]
     assert (got.proc_num, got.active_slots, got.devices[0].memory_total) == (proc_num, slots, slots)
-    assert got == reference_usage(data)
+    assert got == reference_region(data)
 
 
 # -- the tick decoder ----------------------------------------------------------------------
@@ -987,7 +862,7 @@ def test_slot_words_are_signed_where_the_c_struct_says_so() -> None:
     data = example(num=1, procs=procs, proc_num=1)
     for got in (parse_region(data), File(data).usage(RegionDecoder())):
         assert (got.pids, got.host_pids, got.active_slots) == ((-7,), (-9,), 1)
-        assert got == reference_usage(data)
+        assert got == reference_region(data)
 
 
 def test_device_processes_when_a_live_slot_has_no_memory_on_a_device() -> None:
@@ -1008,7 +883,7 @@ def test_device_processes_when_a_live_slot_has_no_memory_on_a_device() -> None:
         data = example(num=num, procs=procs, proc_num=len(procs))
         for got in (parse_region(data), File(data).usage(RegionDecoder())):
             assert got.device_processes == busy
-            assert got == reference_usage(data)
+            assert got == reference_region(data)
 
 
 def test_a_change_that_keeps_the_fields_plain_sum_is_still_seen() -> None:
@@ -1021,12 +896,12 @@ def test_a_change_that_keeps_the_fields_plain_sum_is_still_seen() -> None:
     file.put_u64(used_at(V1, 0, 0, "context_size"), 0)  # -1
     got = file.usage(decoder)
     assert (got.devices[0].memory_total, got.devices[0].context_size) == (1011, 100)
-    assert got == reference_usage(file.data) != first
+    assert got == reference_region(file.data) != first
     file.put_u64(sm_at(V1, 0, 0), 29)  # -1
     file.put_i32(slot_at(V1, 0, V1.slot_pid), 102)  # +1
     got = file.usage(decoder)
     assert (got.devices[0].sm_util, got.pids[0]) == (29, 102)
-    assert got == reference_usage(file.data)
+    assert got == reference_region(file.data)
 
 
 def test_parse_region_takes_data_that_ends_with_the_tail() -> None:

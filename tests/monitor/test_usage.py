@@ -17,10 +17,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from hami_trio.monitor.lister import ContainerKey, ContainerStatus
 from hami_trio.monitor.loop import Monitor, MonitorConfig
 from hami_trio.monitor.region import RegionHandle
-from hami_trio.monitor.usage import UsageState
+from hami_trio.monitor.state import ContainerKey, ContainerStatus, UsageState
 from hami_trio.pods.source import StaticPodSource
 from hami_trio.testing.regions import MemoryUse, ProcSlot, RegionSpec, write_region
 

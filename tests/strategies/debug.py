@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from hami_trio.errors import CacheFileRejected
 from hami_trio.monitor.layout import RejectReason
-from hami_trio.monitor.lister import ContainerKey, ContainerState, ContainerStatus, Rejection
 from hami_trio.monitor.snapshot import UsageSnapshot, parse_region
+from hami_trio.monitor.state import ContainerKey, ContainerState, ContainerStatus, Rejection
 from tests.strategies.layout import region_files
 
 __all__ = ["container_states", "hostile_names"]
