@@ -635,6 +635,13 @@ def test_many_slots_sum_as_few_do(count: int) -> None:
     assert got.devices[0].memory_total == sum((i % 7) * 3 for i in range(count) if i != count // 2)
     assert got.devices[0].sm_util == 2 * live
     assert got.device_processes == (live,)
+    # the exited-process re-read over as many slots
+    skip = frozenset({1001, 1000 + count})
+    without = sum_slots_without(V1, memoryview(data), count, skip)
+    assert without == reference_sums(V1, data, count, skip)
+    kept = tuple(i + 1 for i in range(count) if i != count // 2 and i + 1001 not in skip)
+    assert (without.active_slots, without.pids) == (len(kept), kept)
+    assert without.devices[0].sm_util == 2 * len(kept)
     # the same decoder over one slot fewer and back
     smaller = example(num=1, procs=procs[:-1], proc_num=count - 1)
     assert File(smaller).usage(decoder) == reference_region(smaller)
