@@ -69,8 +69,8 @@ MODULES: tuple[Target, ...] = (
     ),
     Target(
         "monitor/snapshot.py",
-        # Not test_snapshot.py: its properties check the decoders against parse_region, the
-        # same module's helpers (a mutant of one changes both sides), at 7-10 s a run.
+        # Not test_snapshot.py: mostly hypothesis properties against the reference decoder,
+        # 7-10 s a run; the exact tests pin the same oracle on explicit examples.
         ("tests/monitor/test_snapshot_exact.py", "tests/monitor/test_tick_decoder.py"),
     ),
 )
