@@ -4,8 +4,10 @@ The monitor's :class:`~hami_trio.monitor.snapshot.RegionDecoder` reads only the 
 needs, unpacks the slots into flat tuples with one ``struct`` call, sums columns of them and
 keeps what it summed to skip the work next time.  This module does none of that: it reads
 every value it reports at the offset the layout tables give (which a test checks against
-gcc), one value at a time, and adds the live slots up in a loop.  The property tests and
-the fuzz targets compare the decoder with it.
+gcc), one value at a time, decodes each UUID slot by the rule itself, and adds the live
+slots up in a loop; it shares no code with ``hami_trio.monitor.snapshot`` but the result
+types.  The property tests, the exact tests (``test_snapshot_exact.py``) and the fuzz
+targets compare the decoders with it.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from hami_trio.monitor.snapshot import (
     DeviceUsage,
     DeviceUUID,
     SlotTotals,
+    TickSnapshot,
     UsageSnapshot,
+    UUIDState,
 )
 
-__all__ = ["reference_region", "reference_sums"]
+__all__ = ["reference_region", "reference_sums", "reference_tick", "reference_uuid"]
 
 _I32 = struct.Struct("<i")
 _U64 = struct.Struct("<Q")
@@ -139,9 +143,45 @@ def reference_region(data: bytes | bytearray | memoryview) -> UsageSnapshot:
     )
 
 
+def reference_tick(data: bytes | bytearray | memoryview) -> TickSnapshot:
+    """What a tick read of this whole file gives when its head was read: the snapshot's
+    fields but the sums and the slots' PIDs.
+
+    Raises:
+        CacheFileRejected: the loader rule rejects the file.
+    """
+    usage = reference_region(data)
+    return TickSnapshot(
+        format=usage.format,
+        major=usage.major,
+        minor=usage.minor,
+        file_size=usage.file_size,
+        device_count=usage.device_count,
+        proc_num=usage.proc_num,
+        priority=usage.priority,
+        recent_kernel=usage.recent_kernel,
+        utilization_switch=usage.utilization_switch,
+        last_kernel_time=usage.last_kernel_time,
+        uuids=usage.uuids,
+        device_keys=usage.device_keys,
+    )
+
+
+def reference_uuid(raw: bytes) -> DeviceUUID:
+    """A UUID slot: unused when its first byte is NUL, else its text before the first NUL
+    (``INVALID_UTF8`` when that is not UTF-8)."""
+    if raw[0] == 0:
+        return DeviceUUID(raw, UUIDState.UNUSED, None)
+    try:
+        text = raw.split(b"\0")[0].decode("utf-8")
+    except UnicodeDecodeError:
+        return DeviceUUID(raw, UUIDState.INVALID_UTF8, None)
+    return DeviceUUID(raw, UUIDState.VALID, text)
+
+
 def _uuids(layout: Layout, data: bytes | bytearray | memoryview) -> tuple[DeviceUUID, ...]:
     start = layout.uuids
     return tuple(
-        DeviceUUID.from_raw(bytes(data[start + i * UUID_SIZE : start + (i + 1) * UUID_SIZE]))
+        reference_uuid(bytes(data[start + i * UUID_SIZE : start + (i + 1) * UUID_SIZE]))
         for i in range(MAX_DEVICES)
     )

@@ -20,6 +20,7 @@ from hami_trio.monitor.layout import (
     ControlField,
     RejectReason,
     classify,
+    is_initialising,
     layout_for_size,
 )
 
@@ -97,6 +98,22 @@ def test_classify_at_each_boundary(size: int, major: int, expected: object) -> N
             "writes that magic), or a damaged one",
         ),
         (
+            2008952,
+            bytes(12),
+            RejectReason.MAGIC,
+            "cache file magic flag not matched: found 0, expected 19920718 (size 2008952): "
+            "HAMi-core has not finished initialising it (it loads once it has), or it is not "
+            "a HAMi-core shared-region file",
+        ),
+        (
+            2008952,
+            header(magic=1, major=0, minor=0),
+            RejectReason.MAGIC,
+            "cache file magic flag not matched: found 1, expected 19920718 (size 2008952, "
+            "header version 0.0): not a HAMi-core shared-region file (every HAMi-core version "
+            "writes that magic), or a damaged one",
+        ),
+        (
             2008984,
             header(minor=1),
             RejectReason.UNKNOWN_VERSION,
@@ -126,6 +143,40 @@ def test_classify_at_each_boundary(size: int, major: int, expected: object) -> N
 )
 def test_rejections_word_for_word(size: int, data: bytes, reason: str, message: str) -> None:
     assert rejected(size, data) == (reason, message)
+
+
+def test_only_a_magic_of_zero_is_a_file_still_initialising() -> None:
+    def rejection(size: int, data: bytes) -> CacheFileRejected:
+        with pytest.raises(CacheFileRejected) as info:
+            classify(size, data)
+        return info.value
+
+    assert is_initialising(rejection(2008952, bytes(12))) is True
+    assert is_initialising(rejection(1197880, header(magic=0, major=5))) is True
+    assert is_initialising(rejection(2008952, header(magic=7))) is False
+    assert is_initialising(rejection(11, b"")) is False
+    assert is_initialising(rejection(2008952, header(major=2))) is False
+    # the reason alone, or the words alone, are not enough
+    words = str(rejection(2008952, bytes(12)))
+    assert is_initialising(CacheFileRejected(RejectReason.UNKNOWN_VERSION, words)) is False
+    assert is_initialising(CacheFileRejected(RejectReason.MAGIC, "found 0")) is False
+
+
+def test_the_tail_struct_reads_the_members_each_format_has() -> None:
+    # proc_num, utilization_switch, recent_kernel, priority (int32), last_kernel_time (u64):
+    # contiguous in both formats; v0 lacks the last, which a 0 stands in for
+    assert (V1.tail_offset, V1.tail_size, V1.tail_struct.format, V1.tail_absent) == (
+        2008896,
+        24,
+        "<iiiiQ",
+        (),
+    )
+    assert (V0.tail_offset, V0.tail_size, V0.tail_struct.format, V0.tail_absent) == (
+        1197880,
+        16,
+        "<iiii",
+        (0,),
+    )
 
 
 def test_a_short_header_is_a_caller_error() -> None:

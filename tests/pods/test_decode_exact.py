@@ -15,11 +15,18 @@ import pytest
 
 from hami_trio.pods.allocated import ALLOCATED_ANNOTATION
 from hami_trio.pods.decode import (
+    CUT_REASONS,
+    MAX_OBJECT_BYTES,
     MAX_PHASE_CHARS,
+    Cut,
     KeepRules,
+    ListPage,
+    PodBudget,
+    PodListDecoder,
     WatchDecodeError,
     WatchEvent,
     apply_watch_event,
+    held_bytes,
     parse_pod_list,
     parse_status,
     parse_watch_event,
@@ -304,3 +311,281 @@ def test_fields_an_event_does_not_carry_are_empty() -> None:
     assert (error.resource_version, error.pod, error.code, error.message) == ("", None, 500, "")
     added = parse_watch_event(json.dumps({"type": "ADDED", "object": POD}))
     assert (added.code, added.message) == (None, "")
+
+
+# -- what is kept: caps, rules and the budget, exactly -----------------------------------------
+
+
+def test_the_default_rules_and_the_reasons() -> None:
+    assert MAX_OBJECT_BYTES == 8 * 1024 * 1024 == PodListDecoder().max_object_bytes
+    keep = KeepRules()
+    assert (keep.max_label_bytes, keep.max_annotation_bytes, keep.max_pod_bytes) == (
+        1024,
+        65536,
+        262144,
+    )
+    assert CUT_REASONS == (
+        "label-too-long",
+        "annotation-too-long",
+        "pod-too-large",
+        "total-too-large",
+    )
+    assert ListPage("1") == ListPage("1", "")
+
+
+@pytest.mark.parametrize("name", ["max_label_bytes", "max_annotation_bytes", "max_pod_bytes"])
+def test_keep_rules_caps_must_be_positive(name: str) -> None:
+    with pytest.raises(ValueError, match=f"^KeepRules.{name} must be > 0$"):
+        KeepRules(**{name: 0})  # type: ignore[arg-type]
+    assert getattr(KeepRules(**{name: 1}), name) == 1  # type: ignore[arg-type]
+
+
+def test_with_labels_keeps_every_other_rule() -> None:
+    rules = KeepRules(
+        labels=frozenset({"a"}),
+        annotations=frozenset({"b"}),
+        max_label_bytes=5,
+        max_annotation_bytes=6,
+        max_pod_bytes=7000,
+    )
+    assert rules.with_labels(["c", "a"]) == KeepRules(
+        labels=frozenset({"a", "c"}),
+        annotations=frozenset({"b"}),
+        max_label_bytes=5,
+        max_annotation_bytes=6,
+        max_pod_bytes=7000,
+    )
+
+
+def test_a_value_of_exactly_its_cap_is_kept() -> None:
+    keep = KeepRules(labels=frozenset({"l"}), max_label_bytes=4, max_annotation_bytes=3)
+    obj = {
+        "metadata": {
+            "uid": "u",
+            "labels": {"l": "é" * 2},
+            "annotations": {ALLOCATED_ANNOTATION: "abc"},
+        }
+    }
+    cuts: list[Cut] = []
+    pod = pod_info_from_object(obj, keep=keep, on_cut=cuts.append)
+    assert (dict(pod.labels), dict(pod.annotations), cuts) == (
+        {"l": "éé"},
+        {ALLOCATED_ANNOTATION: "abc"},
+        [],
+    )
+    obj["metadata"]["labels"] = {"l": "é" * 2 + "x"}
+    pod = pod_info_from_object(obj, keep=keep, on_cut=cuts.append)
+    assert dict(pod.labels) == {}
+    assert cuts == [Cut("label-too-long", "", "", "l", 5)]
+
+
+def test_held_bytes_is_the_strings_plus_fixed_overheads() -> None:
+    bare = PodInfo(uid="u", namespace="n", name="p")
+    assert held_bytes(bare) == 512 + 3 * (1 + 64) + 64  # uid, namespace, name, phase ""
+    full = PodInfo(
+        uid="u",
+        namespace="n",
+        name="p",
+        phase="Running",
+        containers=("main",),
+        init_containers=("é",),
+        labels={"k": "v"},
+        annotations={"a": "bc"},
+    )
+    assert held_bytes(full) == 512 + 3 * 65 + (7 + 64) + (4 + 64) + (2 + 64) + 2 * 65 + 65 + 66
+
+
+def test_a_pod_of_exactly_its_cap_is_kept_whole_with_its_priorities() -> None:
+    obj = {
+        "metadata": {"uid": "u", "namespace": "n", "name": "p"},
+        "spec": {
+            "containers": [
+                {"name": "main", "env": [{"name": "CUDA_TASK_PRIORITY", "value": "0"}]},
+            ]
+        },
+    }
+    whole = pod_info_from_object(obj)
+    assert dict(whole.priorities) == {"main": 0}
+    size = held_bytes(whole)
+    cuts: list[Cut] = []
+    assert (
+        pod_info_from_object(obj, keep=KeepRules(max_pod_bytes=size), on_cut=cuts.append) == whole
+    )
+    assert cuts == []
+    cut = pod_info_from_object(obj, keep=KeepRules(max_pod_bytes=size - 1), on_cut=cuts.append)
+    assert cut == PodInfo(uid="u", namespace="n", name="p")
+    assert cuts == [Cut("pod-too-large", "n", "p", "", size)]
+
+
+def test_too_deep_json_is_refused_in_words() -> None:
+    assert refusal(parse_watch_event, "[" * 100_000) == "watch event is not JSON: nested too deeply"
+    body = '{"metadata": {"resourceVersion": "1"}, "items": [' + "[" * 100_000
+    assert refusal(parse_pod_list, body) == "pod list is not JSON: nested too deeply"
+
+
+def _pod_of(uid: str, *, containers: tuple[str, ...] = (), **more: Any) -> PodInfo:
+    return PodInfo(uid=uid, namespace="ns", name=uid, containers=containers, **more)
+
+
+def test_budget_caps_must_be_positive() -> None:
+    with pytest.raises(ValueError, match=r"^PodBudget needs max_bytes > 0$"):
+        PodBudget(0)
+    one = PodBudget(1)
+    assert (one.max_bytes, one.total, len(one)) == (1, 0, 0)
+
+
+def test_budget_totals_cuts_and_removals_exactly() -> None:
+    cuts: list[Cut] = []
+    a = _pod_of("a", containers=("x" * 100,))  # 512 + 65 + 66 + 65 + 64 (phase) + 164 = 936
+    b = _pod_of("b", containers=("y" * 50,))  # 886
+    ident = held_bytes(_pod_of("a"))  # 772
+    assert (held_bytes(a), held_bytes(b), ident) == (936, 886, 772)
+    budget = PodBudget(936 + 886, on_cut=cuts.append)
+    budget.put(a)
+    budget.put(b)
+    assert (budget.total, cuts) == (936 + 886, [])  # exactly the cap: nothing cut
+    budget.put(a)  # the same pod again: counted once
+    assert (budget.total, len(budget)) == (936 + 886, 2)
+    c = _pod_of("c", init_containers=("z",))  # not an identity: init containers alone
+    assert held_bytes(c) == 837
+    budget.put(c)  # over: cut to their identities, the largest first, until only they are
+    assert cuts == [
+        Cut("total-too-large", "ns", "a", "", 936),
+        Cut("total-too-large", "ns", "b", "", 886),
+        Cut("total-too-large", "ns", "c", "", 837),
+    ]
+    assert budget.pods() == {"a": _pod_of("a"), "b": _pod_of("b"), "c": _pod_of("c")}
+    assert budget.total == 3 * 772
+    budget.remove("a")
+    budget.remove("nobody")
+    assert (budget.total, len(budget)) == (2 * 772, 2)
+    budget.put(_pod_of("d", containers=("m",)))  # containers alone: not an identity either
+    assert cuts[-1] == Cut("total-too-large", "ns", "d", "", 837)
+    assert budget.total == 3 * 772
+
+
+def test_budget_skips_stale_entries_and_identities() -> None:
+    cuts: list[Cut] = []
+    budget = PodBudget(2000, on_cut=cuts.append)
+    budget.put(_pod_of("s", containers=("x" * 300,)))  # 1136: its entry goes stale
+    budget.put(_pod_of("s", containers=("x",)))  # 837
+    # "u", then again as an identity of the very same size: an entry that is not stale
+    budget.put(_pod_of("u", containers=("x" * 10,)))  # 846
+    budget.put(PodInfo(uid="u", namespace="ns", name="u" + "y" * 74))  # 846, identity
+    assert budget.total == 837 + 846
+    budget.put(_pod_of("v", containers=("c",)))  # 837: over by 520
+    # the stale 1136 of "s" and the identity "u" are passed over; "s" and "v" are cut, and
+    # the identities left take the total past the cap (only they can)
+    assert [(c.name, c.size) for c in cuts] == [("s", 837), ("v", 837)]
+    assert budget.total == 772 + 846 + 772
+
+
+def test_budget_drops_stale_entries_and_still_cuts_the_largest() -> None:
+    cuts: list[Cut] = []
+    budget = PodBudget(10_000, on_cut=cuts.append)
+    # 67 sizes of one pod: 67 entries, 66 of them stale, are more than 2 * 1 + 64, so they
+    # are dropped after the last put and the heap rebuilt from what is held
+    for i in range(67):
+        budget.put(_pod_of("a", containers=("x" * (3000 + i),)))
+    budget.put(_pod_of("b", containers=("y" * 2000,)))
+    assert cuts == []
+    budget.put(_pod_of("c", containers=("z" * 2500,)))  # over: the largest, "a", is cut
+    assert cuts == [Cut("total-too-large", "ns", "a", "", 512 + 65 + 66 + 65 + 64 + 3066 + 64)]
+    assert budget.total == 772 + held_bytes(_pod_of("b", containers=("y" * 2000,))) + held_bytes(
+        _pod_of("c", containers=("z" * 2500,))
+    )
+
+
+# -- the list decoder, exactly -----------------------------------------------------------------
+
+_RV = '{"metadata": {"resourceVersion": "1"}, "items": '
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("{}", "object has no metadata"),
+        ("{}{}", "pod list is not JSON: extra data at 2"),
+        ("{5: 1}", "pod list is not JSON: expected a key at 1"),
+        (
+            '{"metadata',
+            "pod list is not JSON: Unterminated string starting at: line 1 column 1 (char 0)",
+        ),
+        (
+            '{"metadata": {"resourceVersion": "1"',
+            "pod list is not JSON: Expecting ',' delimiter: line 1 column 24 (char 23)",
+        ),
+        (_RV + "5}", "pod list items is not a list"),
+        (_RV + "nul", "pod list is not JSON: Expecting value: line 1 column 1 (char 0)"),
+        (_RV + "[", "pod list is not JSON: the body ended early"),
+        (_RV + "[]} {}", "pod list is not JSON: extra data at 52"),
+        ('{"metadata": {}, "items": []}', "pod list has no metadata.resourceVersion"),
+    ],
+)
+def test_list_decoder_refusals_in_words(body: str, message: str) -> None:
+    assert refusal(parse_pod_list, body) == message
+
+
+def test_list_decoder_raises_extra_data_as_soon_as_it_is_fed() -> None:
+    for body in (b"{} {}", (_RV + "[]} {}").encode(), (_RV + "null} {}").encode()):
+        decoder = PodListDecoder()
+        with pytest.raises(WatchDecodeError, match=r"^pod list is not JSON: extra data at \d+$"):
+            decoder.feed(body)
+
+
+def test_list_decoder_takes_a_complete_item_at_the_end_of_a_chunk() -> None:
+    decoder = PodListDecoder()
+    first = decoder.feed((_RV + '[{"metadata":{"uid":"a"}}').encode())
+    assert first == [PodInfo(uid="a", namespace="", name="")]
+    # compact separators: nothing between an item's end, the comma and the next item
+    assert decoder.feed(b',{"metadata":{"uid":"b"}},{"metadata":{"uid":"c"}}') == [
+        PodInfo(uid="b", namespace="", name=""),
+        PodInfo(uid="c", namespace="", name=""),
+    ]
+    assert decoder.feed(b"]}") == []
+    assert decoder.finish() == ([], ListPage("1", ""))
+    decoder = PodListDecoder()
+    decoder.feed((_RV + '[{"metadata":{"uid":"a"}},{"metadata":{"uid":"b"}}]}').encode())
+    assert decoder.finish() == ([], ListPage("1", ""))
+
+
+def test_list_decoder_null_items_split_over_chunks() -> None:
+    decoder = PodListDecoder()
+    assert decoder.feed((_RV + "nu").encode()) == []
+    assert decoder.feed(b"ll}") == []
+    assert decoder.finish() == ([], ListPage("1", ""))
+
+
+def test_list_decoder_reports_cuts_and_keeps_surrogates_as_go_does() -> None:
+    keep = KeepRules(labels=frozenset({"l"}), max_label_bytes=2)
+    item = '{"metadata": {"uid": "u\ud800", "labels": {"l": "long"}}}'
+    cuts: list[Cut] = []
+    rv, pods = parse_pod_list(_RV + "[" + item + "]}", keep=keep, on_cut=cuts.append)
+    assert (rv, pods) == ("1", (PodInfo(uid="u\ufffd", namespace="", name=""),))
+    assert cuts == [Cut("label-too-long", "", "", "l", 4)]
+    decoder = PodListDecoder(keep=keep, on_cut=cuts.append)
+    # a lone surrogate as UTF-8 bytes ("surrogatepass", as Go's decoder reads it)
+    body = (_RV + "[" + item + "]}").encode("utf-8", "surrogatepass")
+    assert decoder.feed(body) == [PodInfo(uid="u\ufffd", namespace="", name="")]
+    assert len(cuts) == 2
+
+
+def test_list_decoder_refuses_a_cut_off_utf8_sequence_at_the_end() -> None:
+    decoder = PodListDecoder()
+    decoder.feed((_RV + "[]}").encode() + b"\xc3")
+    with pytest.raises(WatchDecodeError) as info:
+        decoder.finish()
+    assert str(info.value) == (
+        "pod list is not JSON: 'utf-8' codec can't decode byte 0xc3 in position 0: "
+        "unexpected end of data"
+    )
+
+
+def test_list_decoder_waits_for_twice_as_much_before_trying_again() -> None:
+    decoder = PodListDecoder(max_object_bytes=20)
+    # 20 characters of an item after the list's start: not more than the cap
+    decoder.feed((_RV + '[{"a": "').encode() + b"x" * 13)
+    decoder.feed(b"x" * 19)  # 39: below twice 20, not tried again
+    with pytest.raises(WatchDecodeError) as info:
+        decoder.feed(b"x")  # 40: tried again, and longer than the cap
+    assert str(info.value) == "pod list holds an object longer than 20 bytes"

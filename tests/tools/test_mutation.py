@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ast
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from tools.mutation.constants import constant_mutants, mutate_literal
+from tools.mutation.main import _functions
 from tools.mutation.modules import MODULES, targets_touched
 from tools.mutation.report import (
     Equivalent,
@@ -147,3 +149,30 @@ def test_every_covering_test_file_and_module_exists() -> None:
         assert (root / target.path).is_file(), target.path
         for test in target.tests:
             assert (root / test).is_file(), test
+
+
+def test_functions_are_cut_out_as_get_source_segment_cuts_them(tmp_path: Path) -> None:
+    # The tool splits the rewritten module into lines once; each function's text must be
+    # what ast.get_source_segment gives (the reviewed keys are made from it).
+    source = (
+        "def a(x):\r\n    return x  # kept? no: after the node\r\n"
+        "class C:\n    async def b(self, y='é'):\n        z = (y,\n             1)\n"
+        "        return z\n\n\x0cdef one(): return 1\n"
+        "def last():\n    pass"
+    )
+    path = tmp_path / "m.py"
+    path.write_bytes(source.encode())
+    got = _functions(path)
+    tree = ast.parse(path.read_text())
+    want = {
+        node.name: textwrap.dedent(
+            " " * node.col_offset + (ast.get_source_segment(path.read_text(), node) or "")
+        )
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    assert got == want
+    assert got["a"] == "def a(x):\n    return x"
+    assert got["b"] == "async def b(self, y='é'):\n    z = (y,\n         1)\n    return z"
+    assert got["one"] == "def one(): return 1"
+    assert got["last"] == "def last():\n    pass"
