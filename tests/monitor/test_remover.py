@@ -859,7 +859,10 @@ async def test_the_queue_counts_waits_and_serves_one_step_per_wake(
         if len(outcomes) == 2:
             both_ended.set()
 
-    queue = RemovalQueue(str(containers), on_removal=ended)
+    # A step's seconds are real time, and with autojump the event loop spins while it waits
+    # for the worker thread: under load the default 0.1 s ran out after "a_c", and "b_c" then
+    # waited for a second wake that never came.  Only the entries may end this step.
+    queue = RemovalQueue(str(containers), on_removal=ended, budget=Budget(seconds=3600.0))
     queue.wake()  # nothing scheduled: no step
     assert (queue.pending, queue.oldest_age(), queue.in_progress) == (0, 0.0, False)
     queue.schedule("a_c", os.stat(containers / "a_c").st_ino)
