@@ -478,7 +478,13 @@ async def test_descriptor_exhaustion_backs_off_and_recovers(socket_path: Path) -
     try:
         with trio.fail_after(20):
             await wait_for_listener(socket_path)
-        idle = [send_now(socket_path, b"") for _ in range(60)]
+        # Stopped while they connect, the broker finds all 60 in its backlog at once and
+        # accepts until EMFILE; running, it could accept and close them as they come.
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            idle = [send_now(socket_path, b"") for _ in range(60)]
+        finally:
+            proc.send_signal(signal.SIGCONT)
         with trio.fail_after(10):  # deadline 0.3 s + backoff <= 1 s + margin
             answer = await answered_after_rejections(socket_path)
         assert answer == encode_response(os.getpid())
