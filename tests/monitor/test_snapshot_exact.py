@@ -44,6 +44,7 @@ from hami_trio.monitor.snapshot import (
 )
 from hami_trio.testing.regions import MemoryUse, ProcSlot, RegionSpec, UtilUse, build_region
 from tests.monitor.reference import reference_region, reference_sums, reference_tick
+from tests.monitor.regionfile import Decoder, File
 
 V0 = LAYOUTS[Format.V0]
 V1 = LAYOUTS[Format.V1]
@@ -62,38 +63,6 @@ def refusal(call: Callable[[], object]) -> str:
 
 
 # -- driving the decoders ------------------------------------------------------------------
-
-
-class File:
-    """A region in memory, read by a decoder; ``asked`` is the ranges the last read asked."""
-
-    def __init__(self, data: bytes | bytearray) -> None:
-        self.data = bytearray(data)
-        self.asked: list[tuple[int, int]] = []
-
-    def usage(self, decoder: RegionDecoder) -> UsageSnapshot:
-        self.asked = []
-        step: tuple[int, int] | UsageSnapshot = decoder.start(len(self.data))
-        while isinstance(step, tuple):
-            self.asked.append(step)
-            offset, length = step
-            step = decoder.feed(bytes(self.data[offset : offset + length]))
-        return step
-
-    def tick(self, decoder: TickDecoder) -> TickSnapshot:
-        self.asked = []
-        step: tuple[int, int] | TickSnapshot = decoder.start(len(self.data))
-        while isinstance(step, tuple):
-            self.asked.append(step)
-            offset, length = step
-            step = decoder.feed(bytes(self.data[offset : offset + length]))
-        return step
-
-    def put_i32(self, offset: int, value: int) -> None:
-        self.data[offset : offset + 4] = _I32.pack(value)
-
-    def put_u64(self, offset: int, value: int) -> None:
-        self.data[offset : offset + 8] = _U64.pack(value)
 
 
 def slot_at(layout: Layout, slot: int, field: int) -> int:
@@ -202,7 +171,7 @@ def test_the_example_decodes_to_its_written_out_snapshot_by_every_route(fmt: For
     assert parse_region(data) == want
     assert parse_region(bytes(data)) == want
     file = File(data)
-    got = file.usage(RegionDecoder())
+    got = file.read(RegionDecoder())
     assert got == want
     # counts are ints (3.0 == 3, but not in a metric's text)
     counts = (got.active_slots, *got.device_processes, *got.pids)
@@ -211,10 +180,10 @@ def test_the_example_decodes_to_its_written_out_snapshot_by_every_route(fmt: For
     assert file.asked == [(layout.tail_offset, layout.tail_size), (0, layout.body_size(4))]
     # a decoder that decoded another region of this size first (its fast path)
     decoder = RegionDecoder()
-    File(example(fmt, procs=[], proc_num=0, num=1, uuids=["GPU-x"])).usage(decoder)
-    assert file.usage(decoder) == want
+    File(example(fmt, procs=[], proc_num=0, num=1, uuids=["GPU-x"])).read(decoder)
+    assert file.read(decoder) == want
     tick = TickDecoder()
-    ticked = file.tick(tick)
+    ticked = file.read(tick)
     assert ticked == reference_tick(data)
     assert file.asked == [(layout.tail_offset, layout.tail_size), (0, layout.procs)]
     assert (ticked.format, ticked.major, ticked.minor, ticked.file_size) == (
@@ -359,7 +328,7 @@ def test_short_buffers_are_refused_with_the_lengths_in_the_message() -> None:
 def test_bytes_fed_out_of_turn_or_of_the_wrong_length_are_refused(
     make: type[RegionDecoder] | type[TickDecoder],
 ) -> None:
-    decoder = make()
+    decoder: Decoder[UsageSnapshot | TickSnapshot] = make()
     assert refusal(lambda: decoder.feed(b"")) == "no range was asked for: call start() first"
     file = File(example())
     assert decoder.start(len(file.data)) == (V1.tail_offset, 24)
@@ -370,7 +339,7 @@ def test_bytes_fed_out_of_turn_or_of_the_wrong_length_are_refused(
     assert step[0] == 0
     assert refusal(lambda: decoder.feed(tail)).startswith("asked for ")
     # a decode that ended (a snapshot, or a rejection) takes nothing more
-    snapshot = file.usage(decoder) if isinstance(decoder, RegionDecoder) else file.tick(decoder)
+    snapshot = file.read(decoder)
     assert snapshot.priority == 5
     assert refusal(lambda: decoder.feed(tail)) == "no range was asked for: call start() first"
     with pytest.raises(CacheFileRejected):
@@ -424,13 +393,13 @@ def test_tick_refresh_every_is_checked_and_the_default_is_twelve() -> None:
     file, decoder = File(example()), TickDecoder()
     heads = []
     for _ in range(25):
-        file.tick(decoder)
+        file.read(decoder)
         heads.append(len(file.asked) == 2)
     # the first read, then every twelfth read: the first one already counts as a tick
     assert [i for i, head in enumerate(heads) if head] == [0, 11, 23]
     every_tick = TickDecoder(refresh_every=1)
     for _ in range(3):
-        file.tick(every_tick)
+        file.read(every_tick)
         assert file.asked == [(V1.tail_offset, 24), (0, V1.procs)]
 
 
@@ -439,7 +408,7 @@ def test_tick_phase_is_where_the_refresh_cycle_starts(phase: int, first: int) ->
     file, decoder = File(example()), TickDecoder(phase=phase)
     heads = []
     for _ in range(15):
-        file.tick(decoder)
+        file.read(decoder)
         heads.append(len(file.asked) == 2)
     assert [i for i, head in enumerate(heads) if head][:2] == [0, first]
 
@@ -479,12 +448,12 @@ def test_one_usage_decoder_follows_every_kind_of_change_exactly() -> None:
     file = File(example())
     decoder = RegionDecoder()
     assert (decoder.layout, decoder.size) == (None, None)
-    seen = file.usage(decoder)
+    seen = file.read(decoder)
     assert (decoder.layout, decoder.size) == (V1, V1.sizeof + 1)
 
     def step(expect_same: bool = False) -> UsageSnapshot:
         nonlocal seen
-        got = file.usage(decoder)
+        got = file.read(decoder)
         assert got == reference_region(file.data) == parse_region(file.data)
         assert (got is seen) == expect_same
         assert decoder.layout is V1
@@ -558,7 +527,7 @@ def test_one_usage_decoder_follows_every_kind_of_change_exactly() -> None:
     step()
     file.put_i32(4, 2)  # an unknown major: refused, the last good decode kept
     with pytest.raises(CacheFileRejected) as info:
-        file.usage(decoder)
+        file.read(decoder)
     assert (info.value.reason, str(info.value)) == _classify_message(
         len(file.data), bytes(file.data[:12])
     )
@@ -567,7 +536,7 @@ def test_one_usage_decoder_follows_every_kind_of_change_exactly() -> None:
     step(expect_same=True)
     file.put_i32(0, 0)  # magic 0: HAMi-core still initialising
     with pytest.raises(CacheFileRejected) as info:
-        file.usage(decoder)
+        file.read(decoder)
     assert info.value.reason is RejectReason.MAGIC
     file.put_i32(0, MAGIC)
     step(expect_same=True)
@@ -579,19 +548,19 @@ def test_one_usage_decoder_follows_every_kind_of_change_exactly() -> None:
 def test_a_v0_decoder_keeps_its_snapshot_over_lock_words_and_sees_the_magic() -> None:
     file = File(example(Format.V0))
     decoder = RegionDecoder()
-    first = file.usage(decoder)
+    first = file.read(decoder)
     assert first == example_snapshot(Format.V0)
     for offset in range(4, V0.num):  # v0 has no version words: the lock follows the magic
         file.data[offset] ^= 0xFF
-    assert file.usage(decoder) is first
+    assert file.read(decoder) is first
     file.put_i32(0, MAGIC + 1)
     with pytest.raises(CacheFileRejected) as info:
-        file.usage(decoder)
+        file.read(decoder)
     assert (info.value.reason, str(info.value)) == _classify_message(
         len(file.data), bytes(file.data[:12])
     )
     file.put_i32(0, MAGIC)
-    assert file.usage(decoder) == first
+    assert file.read(decoder) == first
 
 
 def test_a_decoder_follows_a_file_that_changes_format() -> None:
@@ -599,9 +568,9 @@ def test_a_decoder_follows_a_file_that_changes_format() -> None:
     tick = TickDecoder()
     for fmt in (Format.V1, Format.V0, Format.V1):
         file = File(example(fmt))
-        assert file.usage(decoder) == example_snapshot(fmt)
+        assert file.read(decoder) == example_snapshot(fmt)
         assert decoder.layout is LAYOUTS[fmt]
-        assert file.tick(tick) == reference_tick(file.data)
+        assert file.read(tick) == reference_tick(file.data)
         assert (tick.layout, tick.size) == (LAYOUTS[fmt], LAYOUTS[fmt].sizeof + 1)
 
 
@@ -628,7 +597,7 @@ def test_many_slots_sum_as_few_do(count: int) -> None:
     procs[count // 2] = ProcSlot(pid=9999, status=0, used=[MemoryUse(total=1 << 40)])
     data = example(num=1, procs=procs, proc_num=count)
     decoder = RegionDecoder()
-    got = File(data).usage(decoder)
+    got = File(data).read(decoder)
     assert got == reference_region(data) == parse_region(data)
     live = count - 1
     assert got.active_slots == live
@@ -644,8 +613,8 @@ def test_many_slots_sum_as_few_do(count: int) -> None:
     assert without.devices[0].sm_util == 2 * len(kept)
     # the same decoder over one slot fewer and back
     smaller = example(num=1, procs=procs[:-1], proc_num=count - 1)
-    assert File(smaller).usage(decoder) == reference_region(smaller)
-    assert File(data).usage(decoder) == got
+    assert File(smaller).read(decoder) == reference_region(smaller)
+    assert File(data).read(decoder) == got
 
 
 def test_sums_wrap_at_64_bits_exactly() -> None:
@@ -666,7 +635,7 @@ def test_sums_wrap_at_64_bits_exactly() -> None:
             ),
         ]
         data = example(num=1, procs=procs, proc_num=2)
-        for got in (parse_region(data), File(data).usage(RegionDecoder())):
+        for got in (parse_region(data), File(data).read(RegionDecoder())):
             device = got.devices[0]
             assert (device.memory_total, device.sm_util, device.context_size) == (want, want, 0)
             assert got == reference_region(data)
@@ -704,27 +673,27 @@ def test_device_processes_count_memory_or_utilisation_per_device() -> None:
     for procs, busy in cases:
         data = example(procs=procs, proc_num=len(procs))
         decoder, tick = RegionDecoder(), TickDecoder()
-        File(example()).usage(decoder)  # the fast path too
+        File(example()).read(decoder)  # the fast path too
         for got in (
             parse_region(data),
-            File(data).usage(RegionDecoder()),
-            File(data).usage(decoder),
+            File(data).read(RegionDecoder()),
+            File(data).read(decoder),
         ):
             assert got.device_processes == busy
             assert got == reference_region(data)
-        assert File(data).tick(tick) == reference_tick(data)
+        assert File(data).read(tick) == reference_tick(data)
 
 
 def test_the_device_count_is_num_up_to_sixteen() -> None:
     for num, count in ((0, 0), (1, 1), (16, 16), (17, 16), ((1 << 64) - 1, 16)):
         procs = [ProcSlot(pid=1, used=[MemoryUse(total=d + 1) for d in range(16)])]
         data = example(num=num, procs=procs, proc_num=1)
-        got = File(data).usage(RegionDecoder())
+        got = File(data).read(RegionDecoder())
         assert (got.device_count, len(got.devices)) == (count, count)
         assert [d.memory_total for d in got.devices] == list(range(1, count + 1))
         assert [d.index for d in got.devices] == list(range(count))
         assert got == reference_region(data) == parse_region(data)
-        assert File(data).tick(TickDecoder()).device_count == count
+        assert File(data).read(TickDecoder()).device_count == count
 
 
 @pytest.mark.parametrize(
@@ -734,7 +703,7 @@ def test_proc_num_is_clamped_to_the_slots(proc_num: int, slots: int) -> None:
     procs = _slots([1] * 1024) if slots else []
     data = example(num=1, procs=procs, proc_num=proc_num)
     file = File(data)
-    got = file.usage(RegionDecoder())
+    got = file.read(RegionDecoder())
     assert file.asked == [(V1.tail_offset, 24), (0, V1.body_size(slots))]
     assert (got.proc_num, got.active_slots, got.devices[0].memory_total) == (proc_num, slots, slots)
     assert got == reference_region(data)
@@ -750,14 +719,14 @@ def test_one_tick_decoder_reads_the_head_only_when_it_must() -> None:
     assert (decoder.layout, decoder.size) == (None, None)
     tail = (V1.tail_offset, 24)
     head = (0, V1.procs)
-    seen = file.tick(decoder)
+    seen = file.read(decoder)
     assert file.asked == [tail, head]
     assert seen == reference_tick(file.data)
     assert (decoder.layout, decoder.size) == (V1, V1.sizeof + 1)
 
     def tick(asked: list[tuple[int, int]], expect_same: bool = False) -> TickSnapshot:
         nonlocal seen
-        got = file.tick(decoder)
+        got = file.read(decoder)
         assert file.asked == asked
         assert (got is seen) == expect_same
         seen = got
@@ -822,16 +791,16 @@ def test_the_tick_snapshot_is_new_when_any_of_its_fields_changes() -> None:
     for offset, raw in changes:
         decoder = TickDecoder(refresh_every=1)
         file = File(base)
-        first = file.tick(decoder)
+        first = file.read(decoder)
         file.data[offset : offset + len(raw)] = raw
-        got = file.tick(decoder)
+        got = file.read(decoder)
         assert got == reference_tick(file.data)
         assert (got is first) == (file.data == base), offset
         assert (got == first) == (file.data == base), offset
     # the size (the same format and the same bytes)
     decoder = TickDecoder(refresh_every=1)
-    first = File(base).tick(decoder)
-    got = File(base + b"\0").tick(decoder)
+    first = File(base).read(decoder)
+    got = File(base + b"\0").read(decoder)
     assert got.file_size == first.file_size + 1
     assert got == reference_tick(base + b"\0")
 
@@ -839,35 +808,35 @@ def test_the_tick_snapshot_is_new_when_any_of_its_fields_changes() -> None:
 def test_a_tick_decoder_refuses_a_bad_head_and_reads_it_again_next_time() -> None:
     file = File(example())
     decoder = TickDecoder(phase=1, refresh_every=2)  # the head at reads 2, 4, ...
-    first = file.tick(decoder)
+    first = file.read(decoder)
     file.put_i32(0, 7)  # a bad magic: seen at the next head read
-    assert file.tick(decoder) is first  # tick 1: tail only
+    assert file.read(decoder) is first  # tick 1: tail only
     with pytest.raises(CacheFileRejected) as info:
-        file.tick(decoder)  # 2: the head
+        file.read(decoder)  # 2: the head
     assert (info.value.reason, str(info.value)) == _classify_message(
         len(file.data), bytes(file.data[:12])
     )
     assert (decoder.layout, decoder.size) == (None, None)
     with pytest.raises(CacheFileRejected):
-        file.tick(decoder)  # 1: read again, because the last head read failed
+        file.read(decoder)  # 1: read again, because the last head read failed
     file.put_i32(0, MAGIC)
-    got = file.tick(decoder)
+    got = file.read(decoder)
     assert file.asked == [(V1.tail_offset, 24), (0, V1.procs)]
     assert got == first == reference_tick(file.data)
     assert (decoder.layout, decoder.size) == (V1, V1.sizeof + 1)
     file.put_i32(4, 3)  # an unknown major, and back, between two refreshes
-    assert file.tick(decoder) == first  # 1: the tail only
+    assert file.read(decoder) == first  # 1: the tail only
     with pytest.raises(CacheFileRejected) as info:
-        file.tick(decoder)  # 2: the head
+        file.read(decoder)  # 2: the head
     assert info.value.reason is RejectReason.UNKNOWN_VERSION
     file.put_i32(4, 1)
-    assert file.tick(decoder) == first
+    assert file.read(decoder) == first
 
 
 def test_slot_words_are_signed_where_the_c_struct_says_so() -> None:
     procs = [ProcSlot(pid=-7, hostpid=-9, status=-1, used=[MemoryUse(total=3)])]
     data = example(num=1, procs=procs, proc_num=1)
-    for got in (parse_region(data), File(data).usage(RegionDecoder())):
+    for got in (parse_region(data), File(data).read(RegionDecoder())):
         assert (got.pids, got.host_pids, got.active_slots) == ((-7,), (-9,), 1)
         assert got == reference_region(data)
 
@@ -888,7 +857,7 @@ def test_device_processes_when_a_live_slot_has_no_memory_on_a_device() -> None:
     ]
     for num, procs, busy in cases:
         data = example(num=num, procs=procs, proc_num=len(procs))
-        for got in (parse_region(data), File(data).usage(RegionDecoder())):
+        for got in (parse_region(data), File(data).read(RegionDecoder())):
             assert got.device_processes == busy
             assert got == reference_region(data)
 
@@ -898,15 +867,15 @@ def test_a_change_that_keeps_the_fields_plain_sum_is_still_seen() -> None:
     # field to another keeps the sum, not the snapshot
     file = File(example())
     decoder = RegionDecoder()
-    first = file.usage(decoder)
+    first = file.read(decoder)
     file.put_u64(used_at(V1, 0, 0, "total"), 11)  # +1
     file.put_u64(used_at(V1, 0, 0, "context_size"), 0)  # -1
-    got = file.usage(decoder)
+    got = file.read(decoder)
     assert (got.devices[0].memory_total, got.devices[0].context_size) == (1011, 100)
     assert got == reference_region(file.data) != first
     file.put_u64(sm_at(V1, 0, 0), 29)  # -1
     file.put_i32(slot_at(V1, 0, V1.slot_pid), 102)  # +1
-    got = file.usage(decoder)
+    got = file.read(decoder)
     assert (got.devices[0].sm_util, got.pids[0]) == (29, 102)
     assert got == reference_region(file.data)
 
@@ -924,9 +893,9 @@ def test_a_uuid_repr_strips_only_the_nul_padding() -> None:
 def test_a_tail_only_tick_ends_the_decode_and_keeps_the_layout() -> None:
     file = File(example())
     decoder = TickDecoder()
-    first = file.tick(decoder)
+    first = file.read(decoder)
     tail = bytes(file.data[V1.tail_offset : V1.tail_offset + 24])
-    assert file.tick(decoder) is first
+    assert file.read(decoder) is first
     assert file.asked == [(V1.tail_offset, 24)]
     assert (decoder.layout, decoder.size) == (V1, V1.sizeof + 1)
     assert refusal(lambda: decoder.feed(tail)) == "no range was asked for: call start() first"
@@ -936,11 +905,11 @@ def test_a_tail_only_tick_ends_the_decode_and_keeps_the_layout() -> None:
 def test_a_tick_refresh_keeps_the_uuid_objects_it_already_has() -> None:
     file = File(example())
     decoder = TickDecoder(phase=1, refresh_every=2)
-    first = file.tick(decoder)
-    assert file.tick(decoder) is first  # tail only
+    first = file.read(decoder)
+    assert file.read(decoder) is first  # tail only
     file.put_i32(V1.priority, 1)  # a new snapshot, built at the refresh
     file.put_u64(V1.limit, 1)  # other head bytes: decoded again, the same UUIDs
-    got = file.tick(decoder)
+    got = file.read(decoder)
     assert file.asked == [(V1.tail_offset, 24), (0, V1.procs)]
     assert got.priority == 1
     assert got.uuids is first.uuids
